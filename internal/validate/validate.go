@@ -1,0 +1,94 @@
+// Package validate holds the rules that keep queue names and task ids safe to use
+// both as Postgres values and inside Redis keys with a {queue} hash tag.
+//
+// The sentinels are re-exported by the public packages (outbox, delayq), so callers
+// branch with errors.Is on whichever package they use.
+package validate
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Limits of identifiers. They keep keys short and make a hash tag impossible to break.
+const (
+	MaxQueueLen  = 64
+	MaxTaskIDLen = 200
+	MaxPrefixLen = 64
+)
+
+var (
+	// ErrInvalidQueue reports a queue name that is empty, too long or has a
+	// character outside [A-Za-z0-9_.-].
+	ErrInvalidQueue = errors.New("invalid queue name")
+	// ErrInvalidTaskID reports a task id that is empty, too long or has a character
+	// outside printable ASCII, or one of '{' '}'.
+	ErrInvalidTaskID = errors.New("invalid task id")
+	// ErrInvalidPrefix reports a Redis key prefix that is too long or would
+	// interfere with the hash tag.
+	ErrInvalidPrefix = errors.New("invalid key prefix")
+)
+
+// Queue checks a queue name: 1..64 bytes of [A-Za-z0-9_.-].
+func Queue(q string) error {
+	if q == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidQueue)
+	}
+	if len(q) > MaxQueueLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidQueue, len(q), MaxQueueLen)
+	}
+	for i := 0; i < len(q); i++ {
+		if !queueByte(q[i]) {
+			return fmt.Errorf("%w: %q has %q at byte %d; allowed are letters, digits, '_', '.', '-'",
+				ErrInvalidQueue, q, q[i], i)
+		}
+	}
+	return nil
+}
+
+// TaskID checks a task id: 1..200 bytes of printable ASCII (0x21..0x7e) except
+// '{' and '}'. Colons are allowed ("payment:order-1001"): the id is always the last
+// part of a key, so it cannot change which key or which hash slot it names.
+func TaskID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidTaskID)
+	}
+	if len(id) > MaxTaskIDLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidTaskID, len(id), MaxTaskIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e || c == '{' || c == '}' {
+			return fmt.Errorf("%w: %q has byte 0x%02x at %d; allowed is printable ASCII without spaces, '{' or '}'",
+				ErrInvalidTaskID, truncate(id), c, i)
+		}
+	}
+	return nil
+}
+
+// Prefix checks a Redis key prefix: 1..64 bytes of [A-Za-z0-9_.:-].
+func Prefix(p string) error {
+	if p == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidPrefix)
+	}
+	if len(p) > MaxPrefixLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidPrefix, len(p), MaxPrefixLen)
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; !queueByte(c) && c != ':' {
+			return fmt.Errorf("%w: %q has %q at byte %d", ErrInvalidPrefix, p, c, i)
+		}
+	}
+	return nil
+}
+
+func queueByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
+}
+
+// truncate keeps error messages short when an id is hostile and long.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
