@@ -1,0 +1,29 @@
+# delayq — `make help` lists the targets.
+GO ?= go
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: servers
+servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debian/Ubuntu).
+	@bash .ci/servers
+
+.PHONY: demo
+demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/REDIS_URL).
+	$(GO) run ./cmd/delayq demo
+
+.PHONY: test
+test: servers ## Run every test against real servers, with the race detector.
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+.PHONY: bench
+bench: servers ## Run the benchmark workloads and print their figures.
+	$(GO) run ./cmd/delayq bench
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
+	$(GO) vet ./...

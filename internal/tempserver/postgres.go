@@ -1,0 +1,205 @@
+package tempserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PostgresOptions tune a throwaway PostgreSQL server.
+type PostgresOptions struct {
+	// Durable keeps fsync and synchronous_commit on, as a production server has
+	// them (benchmarks). The default turns them off: tests want speed, not durability.
+	Durable bool
+	// MaxConnections is max_connections. Default 300.
+	MaxConnections int
+}
+
+// Postgres is a PostgreSQL server this process owns. It can be stopped, killed
+// and started again on the same port with the same data.
+type Postgres struct {
+	mu      sync.Mutex
+	bin     string // directory of initdb and postgres
+	dir     string // data and socket directory, removed by Close
+	port    int
+	opts    PostgresOptions
+	as      runAs
+	proc    *process
+	dockerC func() // non-nil when the server is a container
+	url     string
+}
+
+// StartPostgres starts a server from local binaries, else in Docker.
+func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	if opts.MaxConnections == 0 {
+		opts.MaxConnections = 300
+	}
+	initdb, err := lookPath("initdb", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	if err == nil {
+		return startLocalPostgres(ctx, filepath.Dir(initdb), opts)
+	}
+	pg, derr := startDockerPostgres(ctx, opts)
+	if derr == nil {
+		return pg, nil
+	}
+	return nil, fmt.Errorf("%w: PostgreSQL: no local initdb (%v) and Docker failed (%v); %s", ErrNoServer, err, derr, InstallHint)
+}
+
+func startLocalPostgres(ctx context.Context, bin string, opts PostgresOptions) (*Postgres, error) {
+	as, err := unprivileged("postgres")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := as.mkdirFor("delayq-pg-")
+	if err != nil {
+		return nil, err
+	}
+	pg := &Postgres{bin: bin, dir: dir, opts: opts, as: as}
+	initLog := filepath.Join(dir, "initdb.log")
+	cmd := as.command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "postgres",
+		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	_ = os.Remove(initLog)
+	if pg.port, err = freePort(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := pg.Start(ctx); err != nil {
+		pg.Close()
+		return nil, err
+	}
+	return pg, nil
+}
+
+// URL is a connection URL for database "postgres" as superuser.
+func (p *Postgres) URL() string {
+	if p.url != "" {
+		return p.url
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
+}
+
+// Start starts a stopped server again on the same port and data.
+func (p *Postgres) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dockerC != nil || p.proc != nil {
+		return nil
+	}
+	// fsync=off survives a killed server (the OS keeps the writes), not a lost
+	// machine: right for tests. synchronous_commit stays on so that a commit that
+	// returned is never lost when a fault test kills the server.
+	fsync := "off"
+	if p.opts.Durable {
+		fsync = "on"
+	}
+	args := []string{"-D", filepath.Join(p.dir, "data"), "-p", strconv.Itoa(p.port),
+		"-k", p.dir, "-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=" + fsync, "-c", "full_page_writes=" + fsync,
+		"-c", "max_connections=" + strconv.Itoa(p.opts.MaxConnections),
+		"-c", "shared_buffers=128MB", "-c", "log_min_messages=warning"}
+	logPath := filepath.Join(p.dir, "postgres.log")
+	proc, err := startProcess(p.as.command(filepath.Join(p.bin, "postgres"), args...), logPath)
+	if err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	p.proc = proc
+	err = waitReady(ctx, proc.exited, func() string { return tail(logPath) }, func(ctx context.Context) error {
+		c, err := pgx.Connect(ctx, p.URL())
+		if err != nil {
+			return err
+		}
+		return c.Close(ctx)
+	})
+	if err != nil {
+		proc.stop(syscall.SIGKILL, time.Second)
+		p.proc = nil
+		return err
+	}
+	return nil
+}
+
+// Stop shuts the server down cleanly (fast shutdown: open sessions are ended).
+func (p *Postgres) Stop() {
+	p.halt(syscall.SIGINT)
+}
+
+// Kill ends the server at once, as a crash would.
+func (p *Postgres) Kill() {
+	p.halt(syscall.SIGKILL)
+}
+
+func (p *Postgres) halt(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.proc.stop(sig, 10*time.Second)
+	p.proc = nil
+}
+
+// Close stops the server and removes its data.
+func (p *Postgres) Close() {
+	if p.dockerC != nil {
+		p.dockerC()
+		return
+	}
+	p.Stop()
+	if p.dir != "" {
+		_ = os.RemoveAll(p.dir)
+	}
+}
+
+// CreateDatabase creates an empty database and returns its URL.
+func CreateDatabase(ctx context.Context, serverURL, name, template string) (string, error) {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	// Concurrent clones of one template may collide on its lock: retry briefly.
+	for attempt := 0; ; attempt++ {
+		_, err = conn.Exec(ctx, sql)
+		if err == nil || attempt == 50 || !isRetryableCreate(err) {
+			break
+		}
+		time.Sleep(time.Duration(10+attempt*5) * time.Millisecond)
+	}
+	if err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return replaceDatabase(serverURL, name), nil
+}
+
+// DropDatabase drops a database, ending its sessions.
+func DropDatabase(ctx context.Context, serverURL, name string) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	return err
+}
+
+func isRetryableCreate(err error) bool {
+	var pgErr interface{ SQLState() string }
+	if errors.As(err, &pgErr) {
+		// 55006 object_in_use: the template is being accessed by other users.
+		return pgErr.SQLState() == "55006"
+	}
+	return false
+}

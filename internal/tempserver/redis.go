@@ -1,0 +1,144 @@
+package tempserver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is a Redis server this process owns, without persistence: a restart
+// loses every key, as a cache node without AOF would.
+type Redis struct {
+	mu      sync.Mutex
+	bin     string
+	dir     string
+	port    int
+	args    []string
+	proc    *process
+	dockerC func()
+	url     string
+}
+
+// RedisOptions tune a throwaway Redis server.
+type RedisOptions struct {
+	// Args are extra redis-server arguments, e.g. "--requirepass", "secret".
+	Args []string
+}
+
+// StartRedis starts a server from a local redis-server binary, else in Docker.
+func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
+	bin, err := lookPath("redis-server", "/usr/local/opt/redis/bin", "/opt/homebrew/bin")
+	if err != nil {
+		r, derr := startDockerRedis(ctx, opts)
+		if derr == nil {
+			return r, nil
+		}
+		return nil, fmt.Errorf("%w: Redis: no local redis-server (%v) and Docker failed (%v); %s", ErrNoServer, err, derr, InstallHint)
+	}
+	dir, err := os.MkdirTemp("", "delayq-redis-")
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	r := &Redis{bin: bin, dir: dir, port: port, args: opts.Args}
+	if err := r.Start(ctx); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// URL is the server's redis:// URL.
+func (r *Redis) URL() string {
+	if r.url != "" {
+		return r.url
+	}
+	return fmt.Sprintf("redis://127.0.0.1:%d/0", r.port)
+}
+
+// Addr is host:port.
+func (r *Redis) Addr() string {
+	opt, _ := redis.ParseURL(r.URL())
+	return opt.Addr
+}
+
+// Start starts a stopped server again on the same port, empty.
+func (r *Redis) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dockerC != nil || r.proc != nil {
+		return nil
+	}
+	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
+	logPath := filepath.Join(r.dir, "redis.log")
+	proc, err := startProcess(runAs{}.command(r.bin, args...), logPath)
+	if err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	r.proc = proc
+	err = waitReady(ctx, proc.exited, func() string { return tail(logPath) }, func(ctx context.Context) error {
+		// A plain dial first: go-redis logs every refused dial.
+		conn, err := net.DialTimeout("tcp", r.Addr(), time.Second)
+		if err != nil {
+			return err
+		}
+		conn.Close()
+		opt, _ := redis.ParseURL(r.URL())
+		c := redis.NewClient(opt)
+		defer c.Close()
+		err = c.Ping(ctx).Err()
+		if err != nil && isAuthError(err) {
+			return nil // up, and asking for a password we were not given here
+		}
+		return err
+	})
+	if err != nil {
+		proc.stop(syscall.SIGKILL, time.Second)
+		r.proc = nil
+		return err
+	}
+	return nil
+}
+
+func isAuthError(err error) bool {
+	s := err.Error()
+	return len(s) >= 7 && (s[:7] == "NOAUTH " || s[:7] == "WRONGPA")
+}
+
+// Stop shuts the server down (SIGTERM: it saves nothing, it has no persistence).
+func (r *Redis) Stop() { r.halt(syscall.SIGTERM) }
+
+// Kill ends the server at once.
+func (r *Redis) Kill() { r.halt(syscall.SIGKILL) }
+
+func (r *Redis) halt(sig syscall.Signal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.proc.stop(sig, 10*time.Second)
+	r.proc = nil
+}
+
+// Close stops the server and removes its directory.
+func (r *Redis) Close() {
+	if r.dockerC != nil {
+		r.dockerC()
+		return
+	}
+	r.Stop()
+	if r.dir != "" {
+		_ = os.RemoveAll(r.dir)
+	}
+}

@@ -1,0 +1,179 @@
+// Package tempserver starts throwaway PostgreSQL and Redis servers for tests, the
+// demo and the benchmarks: from local server binaries when they are installed, else
+// in Docker containers through dockertest, else it fails with one message that says
+// what to install.
+//
+// Local servers run as child processes in a temporary directory on free loopback
+// ports, keep nothing after Close, and die with the process that started them
+// (Pdeathsig), so a crashed test leaves no server behind.
+package tempserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// ErrNoServer says that neither local binaries nor Docker could provide a server.
+var ErrNoServer = errors.New("tempserver: no way to start a server")
+
+// InstallHint is the one message shown when no server can be started.
+const InstallHint = "install PostgreSQL and Redis server binaries " +
+	"(Debian/Ubuntu: apt-get install postgresql redis-server; macOS: brew install postgresql redis), " +
+	"or start Docker, or pass DATABASE_URL and REDIS_URL of servers you already run"
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// lookPath finds a binary on PATH or in the extra directories, newest first.
+func lookPath(name string, extraGlobs ...string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, g := range extraGlobs {
+		matches, _ := filepath.Glob(g)
+		// Versioned directories (postgresql/15, postgresql/16): prefer the newest.
+		sort.Sort(sort.Reverse(sort.StringSlice(matches)))
+		for _, m := range matches {
+			p := filepath.Join(m, name)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+				return p, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH", name)
+}
+
+// runAs describes the unprivileged user a server runs as when we are root
+// (initdb and postgres refuse to run as root).
+type runAs struct {
+	uid, gid uint32
+	set      bool
+}
+
+func unprivileged(name string) (runAs, error) {
+	if os.Geteuid() != 0 {
+		return runAs{}, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return runAs{}, fmt.Errorf("running as root and there is no %q user to run the server as: %w", name, err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return runAs{uid: uint32(uid), gid: uint32(gid), set: true}, nil
+}
+
+// command builds a child process that dies with us and runs as r.
+func (r runAs) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if r.set {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: r.uid, Gid: r.gid}
+	}
+	return cmd
+}
+
+// mkdirFor makes a temporary directory the server's user owns.
+func (r runAs) mkdirFor(pattern string) (string, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	if r.set {
+		if err := os.Chown(dir, int(r.uid), int(r.gid)); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// waitReady polls ready with a short, growing backoff until it succeeds, the
+// process exits, or the deadline passes.
+func waitReady(ctx context.Context, exited <-chan struct{}, logTail func() string, ready func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	delay := 5 * time.Millisecond
+	for {
+		err := ready(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("server exited during start-up: %s", logTail())
+		case <-ctx.Done():
+			return fmt.Errorf("server not ready: %w (last error: %v) %s", ctx.Err(), err, logTail())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 200*time.Millisecond)
+	}
+}
+
+// tail returns the last bytes of a log file, for error messages.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return "\n" + string(b)
+}
+
+// process is a running child server.
+type process struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func startProcess(cmd *exec.Cmd, logPath string) (*process, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// stop sends sig and waits up to grace for the exit, then kills.
+func (p *process) stop(sig syscall.Signal, grace time.Duration) {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}

@@ -1,0 +1,85 @@
+package tempserver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestRedisRestartLosesData checks what fault tests rely on: Kill and Start give an
+// empty server on the same address.
+func TestRedisRestartLosesData(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := StartRedis(ctx, RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	opt, _ := redis.ParseURL(r.URL())
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Kill()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("ping succeeded on a killed server")
+	}
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Exists(ctx, "k").Result()
+	if err != nil || n != 0 {
+		t.Fatalf("after restart: exists=%d err=%v, want 0 and nil", n, err)
+	}
+}
+
+// TestPostgresRestartKeepsData checks Stop/Start on the same port and data, and
+// database cloning.
+func TestPostgresRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg, err := StartPostgres(ctx, PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	u, err := CreateDatabase(ctx, pg.URL(), "one", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TABLE x (v int); INSERT INTO x VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+	pg.Kill()
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clone, err := CreateDatabase(ctx, pg.URL(), "two", "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err = pgx.Connect(ctx, clone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var v int
+	if err := c.QueryRow(ctx, "SELECT v FROM x").Scan(&v); err != nil || v != 42 {
+		t.Fatalf("clone after restart: v=%d err=%v, want 42", v, err)
+	}
+	if err := DropDatabase(ctx, pg.URL(), "two"); err != nil {
+		t.Fatal(err)
+	}
+}
