@@ -1,0 +1,120 @@
+// Command delayq is the one binary an operator uses: the relay sidecar, workers,
+// reconcile, inspection, dead letters, migrations, the demo and the benchmarks.
+//
+// Exit codes: 0 success, 1 failure (including inconsistencies found by check),
+// 2 usage error. Errors are printed as one line on standard error.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := NewMain(os.Stdout, os.Stderr, os.Getenv).Run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// Main holds what every subcommand gets from the process: its output streams and
+// environment, so tests can run commands in-process.
+type Main struct {
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+}
+
+// NewMain returns a Main writing to the given streams.
+func NewMain(stdout, stderr io.Writer, getenv func(string) string) *Main {
+	return &Main{Stdout: stdout, Stderr: stderr, Getenv: getenv}
+}
+
+// command is one subcommand: a summary for the command list and its runner.
+type command struct {
+	summary string
+	run     func(ctx context.Context, m *Main, args []string) error
+}
+
+// commands lists the subcommands. Each lives in its own file.
+func commands() map[string]command {
+	return map[string]command{
+		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
+	}
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// Run runs the subcommand named by args[0] and returns the exit code.
+func (m *Main) Run(ctx context.Context, args []string) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		m.usage(cmds)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(m.Stderr, "delayq: unknown command %q (run 'delayq help' for the list)\n", args[0])
+		return exitUsage
+	}
+	err := cmd.run(ctx, m, args[1:])
+	var uerr *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, &uerr):
+		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", args[0], oneLine(err.Error()))
+		return exitUsage
+	default:
+		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", args[0], oneLine(err.Error()))
+		return exitFailure
+	}
+}
+
+func (m *Main) usage(cmds map[string]command) {
+	names := make([]string, 0, len(cmds))
+	for name := range cmds {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteString("delayq: delayed tasks enqueued in PostgreSQL transactions, timed and dispatched by Redis.\n\n")
+	b.WriteString("Usage: delayq <command> [flags]\n\nCommands:\n")
+	for _, name := range names {
+		fmt.Fprintf(&b, "  %-10s %s\n", name, cmds[name].summary)
+	}
+	b.WriteString("\nEnvironment: DATABASE_URL, REDIS_URL (flags override).\n")
+	b.WriteString("Exit codes: 0 ok, 1 failure, 2 usage error.\n")
+	b.WriteString("Run 'delayq <command> --help' for a command's flags and examples.\n")
+	fmt.Fprint(m.Stdout, b.String())
+}
+
+// oneLine folds a multi-line error into one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
