@@ -1,0 +1,60 @@
+// Package delayq is the Redis side of delayq: the key layout, the Lua scripts and a
+// client that enqueues, claims, leases and finishes delayed tasks.
+//
+// Postgres (package outbox) is the source of truth; Redis is the timer and the
+// dispatcher. Everything here can be rebuilt from Postgres by reconcile.
+//
+// # Keys
+//
+// All keys of a queue carry the queue as a Redis Cluster hash tag, so each script
+// touches one slot and no script touches two queues (see Keys):
+//
+//	<prefix>:{<queue>}:ready       ZSET id -> due time
+//	<prefix>:{<queue>}:active      ZSET id -> lease deadline
+//	<prefix>:{<queue>}:dead        ZSET id -> time of death
+//	<prefix>:{<queue>}:task:<id>   HASH the task, also the dedupe record
+//	<prefix>:{<queue>}:wake        pub/sub channel for Waiter
+//
+// Scores are Unix seconds with a millisecond fraction ("1700000000.125"), so
+// "redis-cli ZRANGE dq:{payment}:ready -inf 1700000000 BYSCORE" reads naturally.
+// Tasks with the same score come out in lexicographic order of their ids: there is
+// no FIFO promise within a millisecond.
+//
+// # Clock
+//
+// "Now" is always the Redis server's clock (TIME inside the scripts): claims, lease
+// deadlines, retries and reaping. Claim reports how long until the next task falls
+// due as a duration computed on that clock, so workers with skewed clocks agree.
+// A task is never handed out before its due millisecond.
+//
+// # Life of a task
+//
+//	Enqueue ──▶ ready ──Claim──▶ active ──Complete──▶ done (hash kept for the retention)
+//	              ▲                │ Retry / Reap (runs left, with delay)
+//	              └────────────────┤ Release (shutdown, run not counted)
+//	                               └ Retry / Reap (no runs left), Kill ──▶ dead ──RequeueDead──▶ ready
+//
+// Each claim gives the task a fresh lease token. Extend, Complete, Retry, Kill and
+// Release need it; a stale token (the lease was reaped, the task rescheduled or
+// removed) gets ErrLeaseLost and changes nothing. Claim also counts the run
+// (Attempt).
+//
+// The task hash is the Redis dedupe record: Enqueue of an id whose hash exists is a
+// Duplicate, for as long as the task is ready, active or dead, and for
+// Config.DoneRetention after it is done. An enqueue with a higher outbox version
+// replaces a task that is still ready or active (Reschedule). Postgres remains the
+// durable dedupe source.
+//
+// # Waiting
+//
+// A claimer with nothing to do sleeps with a Waiter until the next due time or until
+// a task is enqueued ahead of it: scripts PUBLISH only when the earliest due time of
+// the queue moves earlier, and a Waiter shares one pub/sub connection. An idle
+// worker costs one claim per Config.MaxWait (30s) plus a pub/sub ping a minute.
+//
+// # Redis settings
+//
+// Use maxmemory-policy noeviction: an evicted ZSET or hash loses tasks until
+// reconcile puts them back. Payloads up to 64 bytes keep the task hash a compact
+// listpack (about 200 bytes per ready task in all).
+package delayq

@@ -1,0 +1,36 @@
+package delayq
+
+import (
+	"errors"
+
+	"github.com/delayq/delayq/internal/validate"
+)
+
+var (
+	// ErrInvalidQueue reports a bad queue name (same value as in outbox and validate).
+	ErrInvalidQueue = validate.ErrInvalidQueue
+	// ErrInvalidTaskID reports a bad task id (same value as in outbox and validate).
+	ErrInvalidTaskID = validate.ErrInvalidTaskID
+	// ErrInvalidPrefix reports a bad key prefix in Config.
+	ErrInvalidPrefix = validate.ErrInvalidPrefix
+
+	// ErrInvalidConfig reports a Config that does not validate.
+	ErrInvalidConfig = errors.New("delayq: invalid config")
+	// ErrInvalidTask reports a task that cannot be enqueued (payload too large,
+	// negative attempts, run time before 1970 ...). Nothing of the batch was written.
+	ErrInvalidTask = errors.New("delayq: invalid task")
+	// ErrInvalidArgument reports a bad call argument (claim size, lease, delay ...).
+	ErrInvalidArgument = errors.New("delayq: invalid argument")
+	// ErrLeaseLost reports a lease token that no longer holds its task: the lease
+	// expired and was reaped, the task was rescheduled, removed or finished by
+	// someone else. Nothing was changed.
+	ErrLeaseLost = errors.New("delayq: lease lost")
+	// ErrNotFound reports a task that is not in the state the call needs (for
+	// RequeueDead: not dead).
+	ErrNotFound = errors.New("delayq: task not found")
+	// ErrUnexpectedReply reports a script reply of an unexpected shape, e.g. from a
+	// different version of the scripts.
+	ErrUnexpectedReply = errors.New("delayq: unexpected reply from Redis")
+	// ErrClosed reports use of a closed Waiter.
+	ErrClosed = errors.New("delayq: waiter closed")
+)

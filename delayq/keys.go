@@ -1,0 +1,91 @@
+package delayq
+
+import "github.com/delayq/delayq/internal/validate"
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "dq"
+
+// Keys names the Redis keys of one queue. All of them carry the queue as a hash tag
+// ("{queue}"), so they map to one Cluster slot and every script touches one slot.
+// With prefix "dq" and queue "payment":
+//
+//	dq:{payment}:ready          ZSET  member = task id, score = due time
+//	dq:{payment}:active         ZSET  member = task id, score = lease deadline
+//	dq:{payment}:dead           ZSET  member = task id, score = time of death
+//	dq:{payment}:task:<id>      HASH  the task (see TaskKey)
+//	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
+//
+// Scores are Unix seconds with a millisecond fraction ("1700000000.125").
+type Keys struct {
+	Ready  string
+	Active string
+	Dead   string
+	// TaskPrefix is the prefix of the task hash keys; TaskKey appends the id.
+	TaskPrefix string
+	// Wake is a pub/sub channel, not a key.
+	Wake string
+}
+
+// KeysFor builds the keys of queue under prefix, after validating both.
+// It is the only place that lays out key names.
+func KeysFor(prefix, queue string) (Keys, error) {
+	if err := validate.Prefix(prefix); err != nil {
+		return Keys{}, err
+	}
+	if err := validate.Queue(queue); err != nil {
+		return Keys{}, err
+	}
+	base := prefix + ":{" + queue + "}:"
+	return Keys{
+		Ready:      base + "ready",
+		Active:     base + "active",
+		Dead:       base + "dead",
+		TaskPrefix: base + "task:",
+		Wake:       base + "wake",
+	}, nil
+}
+
+// TaskKey is the key of the hash of task id. The task hash has short fields:
+//
+//	s  status: "r" ready, "a" active, "d" done (kept for the done retention), "x" dead
+//	p  payload (removed when done)
+//	a  attempts started so far (absent = 0)
+//	m  max attempts (removed when done)
+//	v  outbox version; an enqueue with a higher one replaces a ready or active task
+//	t  lease token, only while active
+//	e  last error summary, after a failure (removed when done)
+//
+// The hash is also the Redis dedupe record: enqueue of an id whose hash exists is a
+// duplicate.
+func (k Keys) TaskKey(id string) string { return k.TaskPrefix + id }
+
+// keysForTask validates the task id as well.
+func keysForTask(prefix, queue, id string) (Keys, error) {
+	k, err := KeysFor(prefix, queue)
+	if err != nil {
+		return Keys{}, err
+	}
+	if err := validate.TaskID(id); err != nil {
+		return Keys{}, err
+	}
+	return k, nil
+}
+
+// hashTag returns the part of key Redis Cluster hashes: the content of the first
+// "{...}" with at least one byte inside, else the whole key.
+func hashTag(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j == i+1 {
+						return key
+					}
+					return key[i+1 : j]
+				}
+			}
+			return key
+		}
+	}
+	return key
+}

@@ -1,0 +1,82 @@
+-- claim: lease up to n due tasks of one queue.
+--
+-- "Now" is the Redis clock (TIME), in whole milliseconds. A task is due when its score
+-- is <= now. Due tasks are taken in score order; tasks with equal scores come in
+-- lexicographic order of their ids (ZSET order): there is no FIFO promise.
+-- Each claimed task leaves ready (only a member that ZREM removed is handed out), gets
+-- status "a", attempt+1 and a fresh lease token, and enters active with the lease
+-- deadline as its score. A ready member without a ready task hash is dropped.
+--
+-- KEYS[1]  ready ZSET
+-- KEYS[2]  active ZSET
+-- KEYS[3]  task hash key prefix
+-- ARGV[1]  n, most tasks to claim (1..1000)
+-- ARGV[2]  lease in milliseconds (1..2^40)
+-- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
+--
+-- Returns { next_ms, now, lease_until, count, then count groups of 7:
+--           id, payload, attempt, max_attempts, version, token, due }
+--   next_ms      ms from now until the earliest task still in ready falls due:
+--                0 if one is due already, -1 if ready is empty
+--   now, lease_until, due   Unix seconds with 3 decimals (strings)
+-- Malformed ARGV: an error reply, nothing written.
+
+local function fail(msg) return redis.error_reply('ERR delayq claim: ' .. msg) end
+
+local function int(s, min, max)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < min or n > max then return nil end
+  return n
+end
+
+local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
+
+if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
+local n = int(ARGV[1], 1, 1000)
+if n == nil then return fail('n must be an integer in 1..1000') end
+local lease = int(ARGV[2], 1, 1099511627776)
+if lease == nil then return fail('lease must be an integer number of ms in 1..2^40') end
+local base = ARGV[3]
+if #base == 0 or #base > 64 then return fail('token base must have 1..64 bytes') end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until_s = fmt(now + lease)
+
+local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+local out = {}
+local count = 0
+for i = 1, #due, 2 do
+  local id = due[i]
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    local h = KEYS[3] .. id
+    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v')
+    if f[1] == 'r' then
+      local attempt = redis.call('HINCRBY', h, 'a', 1)
+      count = count + 1
+      local token = base .. '.' .. count
+      redis.call('HSET', h, 's', 'a', 't', token)
+      redis.call('ZADD', KEYS[2], until_s, id)
+      local k = #out
+      out[k + 1] = id
+      out[k + 2] = f[2] or ''
+      out[k + 3] = attempt
+      out[k + 4] = tonumber(f[3]) or 1
+      out[k + 5] = tonumber(f[4]) or 1
+      out[k + 6] = token
+      out[k + 7] = fmt(math.floor(tonumber(due[i + 1]) * 1000 + 0.5))
+    end
+  end
+end
+
+local next_ms = -1
+local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if h[2] then
+  next_ms = math.floor(tonumber(h[2]) * 1000 + 0.5) - now
+  if next_ms < 0 then next_ms = 0 end
+end
+
+local reply = { next_ms, fmt(now), until_s, count }
+for i = 1, #out do reply[4 + i] = out[i] end
+return reply

@@ -1,0 +1,117 @@
+-- enqueue: add tasks to one queue, each unless its task hash already exists.
+--
+-- The task hash is the Redis dedupe record: it exists from enqueue until its
+-- done-retention TTL runs out (or until remove). An existing hash makes the task a
+-- duplicate, except when the given version is higher than the stored one and the task
+-- is still ready or active (a Reschedule from the outbox): then score, payload,
+-- max_attempts and version are replaced and any lease is revoked.
+--
+-- KEYS[1]  ready ZSET            "<prefix>:{<queue>}:ready"
+-- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
+-- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:task:"
+-- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
+-- ARGV[2]  n, number of tasks (1..10000)
+-- then for task k = 0..n-1, ARGV[3+6k] .. ARGV[8+6k]:
+--   id            1..200 bytes
+--   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
+--   payload       bytes
+--   max_attempts  1..1000000
+--   attempt       0..1000000, attempts already used (0 for a new task)
+--   version       1..2147483647, the outbox version
+--
+-- Returns an array of n integers: 1 added, 0 duplicate, 2 replaced (higher version).
+-- PUBLISHes the new head score on the wake channel when the earliest due time of the
+-- queue moved earlier. Malformed ARGV: an error reply, nothing written.
+
+local function fail(msg) return redis.error_reply('ERR delayq enqueue: ' .. msg) end
+
+local function int(s, min, max)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < min or n > max then return nil end
+  return n
+end
+
+local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
+
+local function head()
+  local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return nil
+end
+
+local W = 6
+local n = int(ARGV[2], 1, 10000)
+if n == nil then return fail('n must be an integer in 1..10000') end
+if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
+if ARGV[1] == '' then return fail('empty wake channel') end
+
+local now = nil
+local tasks = {}
+for k = 0, n - 1 do
+  local b = 3 + W * k
+  local id, due = ARGV[b], ARGV[b + 1]
+  if #id == 0 or #id > 200 then return fail('task ' .. k .. ': id must have 1..200 bytes') end
+  local ms
+  if due == 'now' then
+    if now == nil then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    ms = now
+  else
+    if not (string.match(due, '^%d+$') or string.match(due, '^%d+%.%d%d?%d?$')) then
+      return fail('task ' .. k .. ': due must be seconds with at most 3 decimals or "now"')
+    end
+    ms = math.floor(tonumber(due) * 1000 + 0.5)
+    if ms > 1e14 then return fail('task ' .. k .. ': due too far in the future') end
+  end
+  local max = int(ARGV[b + 3], 1, 1000000)
+  if max == nil then return fail('task ' .. k .. ': max_attempts must be an integer in 1..1000000') end
+  local attempt = int(ARGV[b + 4], 0, 1000000)
+  if attempt == nil then return fail('task ' .. k .. ': attempt must be an integer in 0..1000000') end
+  local ver = int(ARGV[b + 5], 1, 2147483647)
+  if ver == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
+  tasks[k + 1] = { id, fmt(ms), ARGV[b + 2], max, attempt, ver }
+end
+
+local before = head()
+local out = {}
+for i, t in ipairs(tasks) do
+  local id, score, payload, max, attempt, ver = t[1], t[2], t[3], t[4], t[5], t[6]
+  local h = KEYS[3] .. id
+  local cur = redis.call('HMGET', h, 's', 'v')
+  if cur[1] == false then
+    if attempt > 0 then
+      redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver, 'a', attempt)
+    else
+      redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
+    end
+    redis.call('ZADD', KEYS[1], score, id)
+    out[i] = 1
+  elseif (cur[1] == 'r' or cur[1] == 'a') and (tonumber(cur[2]) or 0) < ver then
+    if cur[1] == 'a' then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('HDEL', h, 't')
+    end
+    redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
+    redis.call('ZADD', KEYS[1], score, id)
+    out[i] = 2
+  else
+    -- Duplicate. Repair a hash that lost its ZSET member, so it cannot be stuck:
+    -- ready goes back to ready, active to active with an expired lease (the reaper
+    -- takes it). ZADD NX leaves a present member alone.
+    if cur[1] == 'r' then
+      redis.call('ZADD', KEYS[1], 'NX', score, id)
+    elseif cur[1] == 'a' then
+      redis.call('ZADD', KEYS[2], 'NX', 0, id)
+    end
+    out[i] = 0
+  end
+end
+
+local after = head()
+if after ~= nil and (before == nil or after < before) then
+  redis.call('PUBLISH', ARGV[1], string.format('%.3f', after))
+end
+return out

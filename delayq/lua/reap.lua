@@ -1,0 +1,91 @@
+-- reap: take back leases whose deadline has passed (Redis clock).
+--
+-- For up to limit members of active with a deadline < now, in deadline order:
+--   attempt < max_attempts: back to ready with score now + backoff, where
+--       d = min(cap, base * 2^(attempt-1)) and backoff = d/2 + d/2 * r ("equal
+--       jitter"), r in [0,1) derived from the seed and the position in this call;
+--   otherwise: to dead (score = now) with last error ARGV[6], payload kept;
+--   no task hash, or a hash not in status "a": the member is removed and reported
+--       as an orphan, so a member whose hash vanished cannot stay stuck.
+-- The token is removed, so the old holder of the lease gets "lease lost".
+--
+-- KEYS[1]  ready ZSET
+-- KEYS[2]  active ZSET
+-- KEYS[3]  dead ZSET
+-- KEYS[4]  task hash key prefix
+-- ARGV[1]  wake channel
+-- ARGV[2]  limit (1..10000)
+-- ARGV[3]  backoff base in ms (1..2^40)
+-- ARGV[4]  backoff cap in ms (base..2^40)
+-- ARGV[5]  jitter seed (integer 0..999999)
+-- ARGV[6]  last error for tasks that die here (0..4096 bytes)
+--
+-- Returns { {requeued ids}, {dead ids}, {orphan ids} }.
+-- PUBLISHes on the wake channel when the earliest due time in ready moved earlier.
+-- Malformed ARGV: an error reply, nothing written.
+
+local function fail(msg) return redis.error_reply('ERR delayq reap: ' .. msg) end
+
+local function int(s, min, max)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < min or n > max then return nil end
+  return n
+end
+
+local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
+
+if #ARGV ~= 6 then return fail('expected 6 arguments, got ' .. #ARGV) end
+if ARGV[1] == '' then return fail('empty wake channel') end
+local limit = int(ARGV[2], 1, 10000)
+if limit == nil then return fail('limit must be an integer in 1..10000') end
+local base = int(ARGV[3], 1, 1099511627776)
+if base == nil then return fail('backoff base must be an integer number of ms in 1..2^40') end
+local cap = int(ARGV[4], base, 1099511627776)
+if cap == nil then return fail('backoff cap must be an integer number of ms in base..2^40') end
+local seed = int(ARGV[5], 0, 999999)
+if seed == nil then return fail('seed must be an integer in 0..999999') end
+local msg = ARGV[6]
+if #msg > 4096 then return fail('last error longer than 4096 bytes') end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function head()
+  local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if h[2] then return math.floor(tonumber(h[2]) * 1000 + 0.5) end
+  return nil
+end
+
+local expired = redis.call('ZRANGE', KEYS[2], '-inf', '(' .. fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
+local before = head()
+local requeued, dead, orphans = {}, {}, {}
+for i, id in ipairs(expired) do
+  redis.call('ZREM', KEYS[2], id)
+  local h = KEYS[4] .. id
+  local f = redis.call('HMGET', h, 's', 'a', 'm')
+  if f[1] ~= 'a' then
+    orphans[#orphans + 1] = id
+  else
+    redis.call('HDEL', h, 't')
+    local attempt = tonumber(f[2]) or 0
+    if attempt < (tonumber(f[3]) or 1) then
+      local d = cap
+      if attempt <= 41 then d = math.min(cap, base * 2 ^ math.max(attempt - 1, 0)) end
+      local r = (seed / 1000000 + i * 0.6180339887498949) % 1
+      local delay = math.max(1, math.floor(d / 2 + d / 2 * r))
+      redis.call('HSET', h, 's', 'r')
+      redis.call('ZADD', KEYS[1], fmt(now + delay), id)
+      requeued[#requeued + 1] = id
+    else
+      redis.call('HSET', h, 's', 'x', 'e', msg)
+      redis.call('ZADD', KEYS[3], fmt(now), id)
+      dead[#dead + 1] = id
+    end
+  end
+end
+
+local after = head()
+if after ~= nil and (before == nil or after < before) then
+  redis.call('PUBLISH', ARGV[1], fmt(after))
+end
+return { requeued, dead, orphans }

@@ -1,0 +1,63 @@
+-- retry: give a failed attempt back, only if the token still holds the lease.
+--
+-- Below max_attempts the task returns to ready with score now + delay (Redis clock;
+-- the delay is at least 1 ms, never immediate). At max_attempts it goes to dead
+-- (score = time of death). Either way the error summary is kept in field "e" and the
+-- payload stays.
+--
+-- KEYS[1]  ready ZSET
+-- KEYS[2]  active ZSET
+-- KEYS[3]  dead ZSET
+-- KEYS[4]  task hash key prefix
+-- ARGV[1]  wake channel
+-- ARGV[2]  task id (1..200 bytes)
+-- ARGV[3]  lease token (1..100 bytes)
+-- ARGV[4]  delay in milliseconds (1..2^40)
+-- ARGV[5]  last error (0..4096 bytes)
+--
+-- Returns 1 back to ready, 2 dead, 0 lease lost (nothing changed).
+-- PUBLISHes on the wake channel when the task became the earliest in ready.
+-- Malformed ARGV: an error reply, nothing written.
+
+local function fail(msg) return redis.error_reply('ERR delayq retry: ' .. msg) end
+
+local function int(s, min, max)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < min or n > max then return nil end
+  return n
+end
+
+local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
+
+if #ARGV ~= 5 then return fail('expected 5 arguments, got ' .. #ARGV) end
+if ARGV[1] == '' then return fail('empty wake channel') end
+local id, token, msg = ARGV[2], ARGV[3], ARGV[5]
+if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end
+if #token == 0 or #token > 100 then return fail('token must have 1..100 bytes') end
+local delay = int(ARGV[4], 1, 1099511627776)
+if delay == nil then return fail('delay must be an integer number of ms in 1..2^40') end
+if #msg > 4096 then return fail('last error longer than 4096 bytes') end
+
+local h = KEYS[4] .. id
+local f = redis.call('HMGET', h, 's', 't', 'a', 'm')
+if f[1] ~= 'a' or f[2] ~= token then return 0 end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[2], id)
+redis.call('HDEL', h, 't')
+if (tonumber(f[3]) or 0) >= (tonumber(f[4]) or 1) then
+  redis.call('HSET', h, 's', 'x', 'e', msg)
+  redis.call('ZADD', KEYS[3], fmt(now), id)
+  return 2
+end
+
+local score = now + delay
+local hd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+redis.call('HSET', h, 's', 'r', 'e', msg)
+redis.call('ZADD', KEYS[1], fmt(score), id)
+if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
+  redis.call('PUBLISH', ARGV[1], fmt(score))
+end
+return 1

@@ -1,0 +1,131 @@
+package delayq
+
+import "time"
+
+// Task is one task to put into Redis.
+type Task struct {
+	// ID is the business identity within the queue (validated, 1..200 bytes).
+	ID string
+	// Payload is opaque to delayq; at most Config.MaxPayloadBytes.
+	Payload []byte
+	// RunAt is the earliest execution time, kept to the millisecond. Zero means
+	// now by the Redis clock.
+	RunAt time.Time
+	// MaxAttempts is how many runs the task gets before it is dead.
+	// 0 means Config.DefaultMaxAttempts.
+	MaxAttempts int
+	// Attempt is the number of runs already used (0 for a new task; reconcile
+	// passes the count recorded in Postgres).
+	Attempt int
+	// Version is the outbox version (0 means 1). A higher version replaces a task
+	// that is still ready or active.
+	Version int
+}
+
+// EnqueueStatus tells what Enqueue did with one task.
+type EnqueueStatus int
+
+const (
+	// Duplicate: the task hash already existed (ready, active, dead, or done within
+	// the retention) and was left alone.
+	Duplicate EnqueueStatus = iota
+	// Added: the task is new and is now ready.
+	Added
+	// Replaced: a ready or active task with a lower version got the new due time,
+	// payload and version; an active one lost its lease.
+	Replaced
+)
+
+func (s EnqueueStatus) String() string {
+	switch s {
+	case Duplicate:
+		return "duplicate"
+	case Added:
+		return "added"
+	case Replaced:
+		return "replaced"
+	}
+	return "EnqueueStatus(?)"
+}
+
+// Claim is the result of Client.Claim.
+type Claim struct {
+	// Tasks are the claimed tasks, in due order (ties in id order).
+	Tasks []ClaimedTask
+	// NextDue is how long until the earliest task still waiting falls due, by the
+	// Redis clock, rounded up to a millisecond: 0 when more are due now, -1 when the
+	// queue has no ready task. Pass it to Waiter.Wait.
+	NextDue time.Duration
+	// Now is the Redis clock at the claim, to the millisecond.
+	Now time.Time
+}
+
+// ClaimedTask is a task leased to one worker until LeaseUntil. Token proves the
+// lease in Extend, Complete, Retry, Kill and Release.
+type ClaimedTask struct {
+	Queue   string
+	ID      string
+	Payload []byte
+	// Attempt counts this run: 1 on the first.
+	Attempt     int
+	MaxAttempts int
+	Version     int
+	Token       string
+	// Due is the time the task was due; Claim.Now - Due is the claim lateness.
+	Due time.Time
+	// LeaseUntil is the lease deadline by the Redis clock.
+	LeaseUntil time.Time
+}
+
+// ReapResult lists what Client.Reap did.
+type ReapResult struct {
+	// Requeued went back to ready with a backoff.
+	Requeued []string
+	// Dead had used all attempts; the caller mirrors them into Postgres.
+	Dead []string
+	// Orphans were in active without an active task hash; they were dropped.
+	Orphans []string
+}
+
+// Stats are counts of one queue, read atomically on the Redis clock.
+type Stats struct {
+	Ready         int64 // tasks waiting, due or not
+	DueNow        int64 // ready tasks due by now
+	Active        int64 // leased tasks
+	ExpiredLeases int64 // leased tasks past their deadline, not yet reaped
+	Dead          int64
+	// OldestLateness is how long the earliest ready task has been due (0 if none is).
+	OldestLateness time.Duration
+	// NextDue is the earliest due time in ready (zero when ready is empty).
+	NextDue time.Time
+	// Now is the Redis clock.
+	Now time.Time
+}
+
+// State is where a task is in Redis.
+type State string
+
+// Task states, as Inspect reports them.
+const (
+	StateMissing State = "missing" // no task hash (never enqueued, removed, or retention over)
+	StateReady   State = "ready"
+	StateActive  State = "active"
+	StateDone    State = "done"
+	StateDead    State = "dead"
+)
+
+// TaskInfo is a read of one task hash.
+type TaskInfo struct {
+	ID          string
+	State       State
+	Payload     []byte // nil when done or missing
+	Attempt     int
+	MaxAttempts int // 0 when done or missing
+	Version     int
+	LastError   string
+	// Score: due time when ready, lease deadline when active, time of death when
+	// dead; zero when done or missing.
+	Score time.Time
+	// TTL is the remaining retention of a done task (0 when none).
+	TTL time.Duration
+}
