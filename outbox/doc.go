@@ -1,0 +1,50 @@
+// Package outbox is the producer side of delayq: it writes delayed tasks into the
+// Postgres outbox table inside the caller's own transaction, so that a task exists if,
+// and only if, the business change that asked for it commits.
+//
+//	client, err := outbox.New(outbox.Config{})
+//	...
+//	tx, err := pool.Begin(ctx)
+//	... // the service's own writes
+//	res, err := client.Enqueue(ctx, tx, outbox.Task{
+//		Queue: "payment", ID: "order-1001", Payload: payload, Delay: 30 * time.Minute,
+//	})
+//	... // res.Duplicate: this order was enqueued before; nothing was written
+//	err = tx.Commit(ctx) // the relay is woken now, never before
+//
+// The package talks to Postgres only: the relay (package relay) moves due rows into
+// Redis, workers run them. It does not import the Redis client.
+//
+// # Identity and duplicates
+//
+// (Queue, ID) is the business identity of a task and the primary key of the outbox. A
+// second enqueue of the same identity, while the first row is kept (see the retention
+// of finished rows), inserts nothing and is reported as Result.Duplicate. It is not an
+// error and does not abort the caller's transaction (INSERT ... ON CONFLICT DO NOTHING).
+// To run the same action again after it is done, enqueue a new id, e.g. with a round
+// suffix.
+//
+// # Transactions
+//
+// Every call takes the Querier to run on: a pgx.Tx, *pgxpool.Pool, *pgxpool.Conn or
+// *pgx.Conn. Services on database/sql (or sqlx, GORM) use EnqueueSQL and EnqueueManySQL
+// with their *sql.Tx; EnqueueManySQL needs the pgx driver (pgx/v5/stdlib).
+//
+// Enqueue sends pg_notify on Config.NotifyChannel in the same statement: Postgres
+// delivers it when the transaction commits and drops it when it rolls back, so the relay
+// wakes exactly for committed work (and polls as a backstop).
+//
+// # Validation
+//
+// Bad input is refused before anything is sent, with an error that wraps one of
+// ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt, ErrPayloadTooLarge
+// or ErrInvalidMaxAttempts: test with errors.Is. Queue names and task ids follow the
+// rules that keep them safe inside Redis keys and their {queue} hash tag (see Task). The
+// default payload limit is 64 KiB (Config.MaxPayloadBytes).
+//
+// # Workers
+//
+// MarkDone and RecordFailure are the completion guard of DESIGN.md: they change a row
+// only while it is pending or queued at the version the worker claimed, so a task is
+// completed at most once even when leases expire or relays repeat themselves.
+package outbox

@@ -1,0 +1,42 @@
+package outbox
+
+import (
+	"errors"
+
+	"github.com/delayq/delayq/internal/validate"
+)
+
+// Errors of invalid input. Nothing is written when one is returned, also in EnqueueMany,
+// where every task is checked before the statement is sent.
+var (
+	// ErrInvalidQueue reports a queue name that is empty, longer than 64 bytes or has a
+	// character outside [A-Za-z0-9_.-]. It is the same value as delayq.ErrInvalidQueue.
+	ErrInvalidQueue = validate.ErrInvalidQueue
+	// ErrInvalidTaskID reports a task id that is empty, longer than 200 bytes or has a
+	// byte outside printable ASCII, or '{' or '}'. It is the same value as
+	// delayq.ErrInvalidTaskID.
+	ErrInvalidTaskID = validate.ErrInvalidTaskID
+	// ErrInvalidDelay reports a negative Task.Delay.
+	ErrInvalidDelay = errors.New("invalid delay")
+	// ErrInvalidRunAt reports a run-at time that cannot be meant: at or before the Unix
+	// epoch (an unset timestamp), after the year 9999, or given together with a Delay.
+	ErrInvalidRunAt = errors.New("invalid run-at time")
+	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("payload too large")
+	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or
+	// one above 2^31-1.
+	ErrInvalidMaxAttempts = errors.New("invalid max attempts")
+	// ErrInvalidConfig reports an invalid Config field, or an invalid argument to a
+	// worker-side call (version, attempt).
+	ErrInvalidConfig = errors.New("invalid outbox config")
+)
+
+// Errors of Cancel and Reschedule.
+var (
+	// ErrNotFound reports that no task has this queue and id (or that the caller's
+	// transaction cannot see it yet).
+	ErrNotFound = errors.New("task not found")
+	// ErrFinished reports that the task is done, dead or cancelled already, so it can
+	// no longer be cancelled or rescheduled. Enqueue a new task id to run it again.
+	ErrFinished = errors.New("task already finished")
+)

@@ -1,0 +1,54 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/outbox"
+)
+
+// Enqueue a delayed task in the same transaction as the business change that needs it.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := outbox.New(outbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'awaiting_payment' WHERE id = $1`, 1001); err != nil {
+			return err
+		}
+		payload, err := outbox.JSON(map[string]any{"order": 1001})
+		if err != nil {
+			return err
+		}
+		res, err := client.Enqueue(ctx, tx, outbox.Task{
+			Queue:   "payment",
+			ID:      "order-1001",
+			Payload: payload,
+			Delay:   30 * time.Minute,
+		})
+		if err != nil {
+			return err
+		}
+		if res.Duplicate {
+			fmt.Println("already scheduled")
+		}
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}

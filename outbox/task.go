@@ -1,0 +1,136 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/delayq/delayq/internal/validate"
+)
+
+// Task is one task to enqueue.
+//
+// When it runs: Delay after the enqueue (measured on the database clock), or at RunAt.
+// Set one of them, not both. Leaving both zero means "now": the zero time.Time cannot be
+// told apart from "not set", so a RunAt left zero is never an error, while a RunAt at or
+// before the Unix epoch (what an unset Unix timestamp turns into) is.
+type Task struct {
+	// Queue names the queue: 1..64 bytes of [A-Za-z0-9_.-].
+	Queue string
+	// ID is the business identity of the task within its queue, e.g. "order-1001":
+	// 1..200 bytes of printable ASCII without '{' or '}'. (Queue, ID) is unique for as
+	// long as the row is kept: a second enqueue is reported as a duplicate.
+	ID string
+	// Payload is handed to the worker as is. At most Config.MaxPayloadBytes (64 KiB by
+	// default). nil is stored as an empty payload. See JSON.
+	Payload []byte
+	// Delay postpones the task from the time of the enqueue. Must not be negative.
+	Delay time.Duration
+	// RunAt is the earliest execution time. A time in the past means "now".
+	RunAt time.Time
+	// MaxAttempts bounds the executions before the task is dead. 0 means
+	// Config.DefaultMaxAttempts (25 by default); negative is an error.
+	MaxAttempts int
+}
+
+// JSON encodes v as a payload.
+func JSON(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: encode payload as JSON: %w", err)
+	}
+	return b, nil
+}
+
+var (
+	minRunAt = time.Unix(0, 0)
+	maxRunAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// Validate checks t as Enqueue would, without touching the database. The error wraps
+// one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt,
+// ErrPayloadTooLarge or ErrInvalidMaxAttempts.
+func (c *Client) Validate(t Task) error {
+	if err := validate.Queue(t.Queue); err != nil {
+		return err
+	}
+	if err := validate.TaskID(t.ID); err != nil {
+		return err
+	}
+	if t.Delay < 0 {
+		return fmt.Errorf("%w: %v is negative", ErrInvalidDelay, t.Delay)
+	}
+	if !t.RunAt.IsZero() {
+		if t.Delay != 0 {
+			return fmt.Errorf("%w: both Delay (%v) and RunAt (%v) are set; set one", ErrInvalidRunAt, t.Delay, t.RunAt)
+		}
+		if err := checkRunAt(t.RunAt); err != nil {
+			return err
+		}
+	}
+	if limit := c.cfg.MaxPayloadBytes; limit >= 0 && len(t.Payload) > limit {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrPayloadTooLarge, len(t.Payload), limit)
+	}
+	if t.MaxAttempts < 0 || t.MaxAttempts > maxInt32 {
+		return fmt.Errorf("%w: %d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, c.cfg.DefaultMaxAttempts)
+	}
+	return nil
+}
+
+func checkRunAt(t time.Time) error {
+	if !t.After(minRunAt) {
+		return fmt.Errorf("%w: %v is at or before the Unix epoch; an unset timestamp?", ErrInvalidRunAt, t.UTC())
+	}
+	if !t.Before(maxRunAt) {
+		return fmt.Errorf("%w: %v is after the year 9999", ErrInvalidRunAt, t.UTC())
+	}
+	return nil
+}
+
+// row is a validated task as the SQL takes it.
+type row struct {
+	queue, id   string
+	runAt       *time.Time // nil: now + delayUS on the database clock
+	delayUS     int64
+	payload     []byte // never nil: pgx would send NULL
+	maxAttempts int32
+}
+
+func (c *Client) row(t Task) row {
+	r := row{
+		queue:       t.Queue,
+		id:          t.ID,
+		delayUS:     t.Delay.Microseconds(),
+		payload:     t.Payload,
+		maxAttempts: int32(t.MaxAttempts),
+	}
+	if !t.RunAt.IsZero() {
+		at := t.RunAt
+		r.runAt = &at
+	}
+	if r.payload == nil {
+		r.payload = []byte{}
+	}
+	if r.maxAttempts == 0 {
+		r.maxAttempts = int32(c.cfg.DefaultMaxAttempts)
+	}
+	return r
+}
+
+// errorSummary makes lastErr fit a text column and the promise of a short summary:
+// valid UTF-8, no NUL byte (Postgres refuses it), at most MaxErrorBytes bytes.
+func errorSummary(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= MaxErrorBytes {
+		return s
+	}
+	const ellipsis = "…"
+	cut := MaxErrorBytes - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
