@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/delayq/delayq/internal/bench"
+)
+
+func runBench(ctx context.Context, m *Main, args []string) error {
+	var conn connFlags
+	var about strings.Builder
+	for _, w := range bench.Workloads() {
+		fmt.Fprintf(&about, "  %-14s %s\n", w, bench.About(w))
+	}
+	fs := newFlagSet(m, "bench", "bench [flags] [workload ...]",
+		"  delayq bench                       # every workload on throwaway servers (fsync on)\n"+
+			"  delayq bench --json relay memory   # two workloads, one JSON line each\n"+
+			"  delayq bench --scale 0.01          # tiny sizes, as CI runs it\n\nWorkloads:\n"+about.String())
+	conn.register(fs, m, true, true)
+	asJSON := fs.Bool("json", false, "print one JSON line per workload")
+	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *scale <= 0 || *scale > 10 {
+		return usagef("--scale %v: want 0 < scale <= 10", *scale)
+	}
+	names := fs.Args()
+	if len(names) == 0 {
+		names = bench.Workloads()
+	}
+	for _, n := range names {
+		if bench.About(n) == "" {
+			return usagef("unknown workload %q (known: %s)", n, strings.Join(bench.Workloads(), ", "))
+		}
+	}
+	stop, err := m.throwawayServers(ctx, &conn, true)
+	defer stop()
+	if err != nil {
+		return err
+	}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale}
+	var failed []string
+	for _, name := range names {
+		res, err := bench.Run(ctx, env, name)
+		if err != nil {
+			fmt.Fprintf(m.Stderr, "delayq bench: %s\n", oneLine(err.Error()))
+			failed = append(failed, name)
+			continue
+		}
+		if *asJSON {
+			b, _ := json.Marshal(res)
+			fmt.Fprintln(m.Stdout, string(b))
+			continue
+		}
+		printResult(m, res)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("workloads failed: %s", strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+func printResult(m *Main, r bench.Result) {
+	fmt.Fprintf(m.Stdout, "== %s  (%v)\n", r.Workload, r.Params)
+	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
+	for _, f := range r.Figures {
+		fmt.Fprintf(tw, "  %s\t%.1f\t%s\n", f.Name, f.Value, f.Unit)
+	}
+	_ = tw.Flush()
+	mc := r.Machine
+	fmt.Fprintf(m.Stdout, "  machine: %d cores, %s; %s; PostgreSQL %s (fsync %s); Redis %s\n",
+		mc.Cores, mc.CPU, mc.Go, mc.Postgres, mc.Durable, mc.Redis)
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/delayq/delayq/internal/tempserver"
+)
+
+// throwawayServers fills in the URLs the user did not give by starting throwaway
+// servers (local binaries, else Docker). The returned stop removes them.
+func (m *Main) throwawayServers(ctx context.Context, conn *connFlags, durable bool) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	if conn.databaseURL == "" {
+		fmt.Fprintln(m.Stderr, "delayq: no DATABASE_URL: starting a throwaway PostgreSQL…")
+		pg, err := tempserver.StartPostgres(ctx, tempserver.PostgresOptions{Durable: durable})
+		if err != nil {
+			return stop, err
+		}
+		stops = append(stops, pg.Close)
+		conn.databaseURL = pg.URL()
+	}
+	if conn.redisURL == "" {
+		fmt.Fprintln(m.Stderr, "delayq: no REDIS_URL: starting a throwaway Redis…")
+		r, err := tempserver.StartRedis(ctx, tempserver.RedisOptions{})
+		if err != nil {
+			stop()
+			return func() {}, err
+		}
+		stops = append(stops, r.Close)
+		conn.redisURL = r.URL()
+	}
+	return stop, nil
+}

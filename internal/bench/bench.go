@@ -1,0 +1,237 @@
+// Package bench runs the benchmark workloads of `delayq bench`: each answers one
+// question a user choosing a delayed-task system asks (how fast do I enqueue in my
+// transactions, how fast does a backlog drain, how close to its due time does a
+// task start, what does it cost in memory) on real servers, with the machine and
+// versions recorded beside the figures.
+//
+// Every workload runs in a schema and key prefix of its own and removes them after,
+// so it can run against servers that hold other data. Scale shrinks the sizes
+// (CI runs every workload at a tiny scale and checks counts, never speed).
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/migrations"
+	"github.com/delayq/delayq/outbox"
+)
+
+// Env names the servers a run uses.
+type Env struct {
+	DatabaseURL string
+	RedisURL    string
+	// Scale multiplies every workload's task count (1 = the documented size).
+	Scale float64
+	// WorkerBinary, when set, is a delayq binary the recovery workload runs as a
+	// worker process it can SIGKILL. Empty skips the process part.
+	WorkerBinary string
+	Logger       *slog.Logger
+}
+
+// Figure is one measured number.
+type Figure struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+}
+
+// Result is one workload's outcome.
+type Result struct {
+	Workload string         `json:"workload"`
+	Params   map[string]any `json:"params"`
+	Figures  []Figure       `json:"figures"`
+	Machine  Machine        `json:"machine"`
+	// Checks are correctness counts (e.g. handler calls == tasks); a run whose
+	// checks fail returns an error as well.
+	Checks map[string]int64 `json:"checks,omitempty"`
+}
+
+func (r *Result) add(name string, v float64, unit string) {
+	r.Figures = append(r.Figures, Figure{Name: name, Value: v, Unit: unit})
+}
+
+// Machine describes where the figures were taken.
+type Machine struct {
+	Cores    int    `json:"cores"`
+	CPU      string `json:"cpu"`
+	Go       string `json:"go"`
+	Postgres string `json:"postgres"`
+	Redis    string `json:"redis"`
+	Durable  string `json:"postgres_fsync"`
+}
+
+// workload is one benchmark.
+type workload struct {
+	about string
+	run   func(ctx context.Context, s *session, r *Result) error
+}
+
+// Workloads lists the workload names in the order `delayq bench` runs them.
+func Workloads() []string {
+	reg := registry()
+	names := make([]string, 0, len(reg))
+	for n := range reg {
+		names = append(names, n)
+	}
+	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-plain": 4,
+		"lateness": 5, "memory": 6, "recovery": 7, "idle": 8}
+	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
+	return names
+}
+
+// About describes a workload in one line.
+func About(name string) string { return registry()[name].about }
+
+// ErrUnknownWorkload is returned for a name Workloads does not list.
+var ErrUnknownWorkload = errors.New("bench: unknown workload")
+
+// Run runs one workload.
+func Run(ctx context.Context, env Env, name string) (Result, error) {
+	w, ok := registry()[name]
+	if !ok {
+		return Result{}, fmt.Errorf("%w %q (known: %s)", ErrUnknownWorkload, name, strings.Join(Workloads(), ", "))
+	}
+	if env.Scale <= 0 {
+		env.Scale = 1
+	}
+	if env.Logger == nil {
+		env.Logger = slog.New(slog.DiscardHandler)
+	}
+	s, err := newSession(ctx, env, name)
+	if err != nil {
+		return Result{}, err
+	}
+	defer s.close()
+	r := Result{Workload: name, Params: map[string]any{"scale": env.Scale}, Machine: s.machine(ctx)}
+	if err := w.run(ctx, s, &r); err != nil {
+		return r, fmt.Errorf("bench %s: %w", name, err)
+	}
+	return r, nil
+}
+
+// session is one workload's isolated corner of the servers.
+type session struct {
+	env    Env
+	pool   *pgxpool.Pool
+	rdb    *redis.Client
+	schema string
+	prefix string
+	ob     *outbox.Client
+	dq     *delayq.Client
+}
+
+func newSession(ctx context.Context, env Env, name string) (*session, error) {
+	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	s := &session{env: env,
+		schema: "bench_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix,
+		prefix: "bench." + suffix}
+	pcfg, err := pgxpool.ParseConfig(env.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	pcfg.MaxConns = 64
+	pcfg.ConnConfig.RuntimeParams["search_path"] = s.schema
+	if s.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return nil, err
+	}
+	opt, err := redis.ParseURL(env.RedisURL)
+	if err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("redis URL: %w", err)
+	}
+	opt.PoolSize = 64
+	s.rdb = redis.NewClient(opt)
+	db := migrations.OpenDBFromPool(s.pool)
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db, migrations.Config{Schema: s.schema}); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.ob, err = outbox.New(outbox.Config{Schema: s.schema}); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.dq, err = delayq.New(s.rdb, delayq.Config{Prefix: s.prefix}); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *session) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _ = s.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE")
+	s.deleteKeys(ctx)
+	s.pool.Close()
+	_ = s.rdb.Close()
+}
+
+func (s *session) deleteKeys(ctx context.Context) {
+	iter := s.rdb.Scan(ctx, 0, s.prefix+":*", 5000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == 5000 {
+			s.rdb.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		s.rdb.Unlink(ctx, keys...)
+	}
+}
+
+// n scales a documented task count, never below a small floor.
+func (s *session) n(full int) int {
+	return max(10, int(float64(full)*s.env.Scale))
+}
+
+func (s *session) machine(ctx context.Context) Machine {
+	m := Machine{Cores: runtime.NumCPU(), CPU: cpuModel(), Go: runtime.Version()}
+	_ = s.pool.QueryRow(ctx, "SHOW server_version").Scan(&m.Postgres)
+	_ = s.pool.QueryRow(ctx, "SHOW fsync").Scan(&m.Durable)
+	if info, err := s.rdb.Info(ctx, "server").Result(); err == nil {
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+				m.Redis = v
+			}
+		}
+	}
+	return m
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+// percentile returns the p-th percentile (0..100) of sorted values.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p / 100 * float64(len(sorted)-1))
+	return sorted[i]
+}

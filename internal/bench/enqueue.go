@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/delayq/delayq/outbox"
+)
+
+// registry lists the workloads by name.
+func registry() map[string]workload {
+	return map[string]workload{
+		"enqueue-tx":    {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx},
+		"enqueue-batch": {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
+		"memory":        {"100,000 tasks due in 1 h relayed to Redis: bytes per task in Redis and per outbox row", memory},
+	}
+}
+
+var payload20 = []byte(`{"order":"12345678"}`) // 20 bytes, the size the targets are stated for
+
+func enqueueTx(ctx context.Context, s *session, r *Result) error {
+	n, producers := s.n(20_000), 8
+	r.Params["tasks"], r.Params["producers"] = n, producers
+	var next atomic.Int64
+	start := time.Now()
+	err := parallel(producers, func() error {
+		for {
+			i := next.Add(1)
+			if i > int64(n) {
+				return nil
+			}
+			tx, err := s.pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			res, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", i),
+				Payload: payload20, Delay: time.Hour})
+			if err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			if res.Duplicate {
+				_ = tx.Rollback(ctx)
+				return fmt.Errorf("task-%d reported duplicate", i)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return err
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return err
+	}
+	r.add("enqueue_tx", float64(n)/elapsed.Seconds(), "tasks/s")
+	return s.checkRows(ctx, r, n)
+}
+
+func enqueueBatch(ctx context.Context, s *session, r *Result) error {
+	n, batch := s.n(100_000), 10_000
+	r.Params["tasks"], r.Params["batch"] = n, batch
+	tasks := make([]outbox.Task, 0, batch)
+	start := time.Now()
+	for i := 0; i < n; i += batch {
+		tasks = tasks[:0]
+		for j := i; j < min(i+batch, n); j++ {
+			tasks = append(tasks, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", j), Payload: payload20, Delay: time.Hour})
+		}
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := s.ob.EnqueueMany(ctx, tx, tasks); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+	}
+	r.add("enqueue_batch", float64(n)/time.Since(start).Seconds(), "tasks/s")
+	return s.checkRows(ctx, r, n)
+}
+
+// checkRows checks that the outbox holds exactly n rows.
+func (s *session) checkRows(ctx context.Context, r *Result, n int) error {
+	var rows int64
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()).Scan(&rows); err != nil {
+		return err
+	}
+	r.Checks = map[string]int64{"rows": rows}
+	if rows != int64(n) {
+		return fmt.Errorf("outbox holds %d rows, want %d", rows, n)
+	}
+	return nil
+}
+
+// parallel runs f in n goroutines and returns the first error.
+func parallel(n int, f func() error) error {
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for range n {
+		wg.Go(func() {
+			if err := f(); err != nil {
+				once.Do(func() { first = err })
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
