@@ -28,7 +28,7 @@ type flagSet struct {
 func newFlagSet(m *Main, name, synopsis, examples string) *flagSet {
 	fs := flag.NewFlagSet("delayq "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported once, by Run
-	fs.Usage = func() {}    // the flag package calls it on every error; help is printed by parse
+	fs.Usage = func() {}     // the flag package calls it on every error; help is printed by parse
 	help := func() {
 		out := m.Stdout
 		fmt.Fprintf(out, "Usage: delayq %s\n\n", synopsis)

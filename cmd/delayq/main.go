@@ -53,6 +53,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
+		"bench":   {"run the benchmark workloads and print their figures", runBench},
 	}
 }
 
