@@ -2,6 +2,7 @@ package tempserver
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,5 +82,34 @@ func TestPostgresRestartKeepsData(t *testing.T) {
 	}
 	if err := DropDatabase(ctx, pg.URL(), "two"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisCluster starts a 3-master cluster and checks that keys of one hash tag
+// land on one node and a cluster client reaches them all.
+func TestRedisCluster(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := StartRedisCluster(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer rdb.Close()
+	for i := range 30 {
+		q := "q" + string(rune('a'+i%26))
+		if err := rdb.MSet(ctx, "p:{"+q+"}:a", 1, "p:{"+q+"}:b", 2).Err(); err != nil {
+			t.Fatalf("MSET in one slot: %v", err)
+		}
+	}
+	var masters atomic.Int32 // ForEachMaster calls concurrently
+	err = rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		masters.Add(1)
+		return nil
+	})
+	if err != nil || masters.Load() != 3 {
+		t.Fatalf("masters=%d err=%v, want 3", masters, err)
 	}
 }

@@ -1,0 +1,117 @@
+package tempserver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisCluster is a Redis Cluster of local redis-server processes: masters and one
+// replica each, created with redis-cli --cluster create.
+type RedisCluster struct {
+	Nodes []*Redis // masters first, then their replicas, as created
+	dir   string
+}
+
+// StartRedisCluster starts masters×2 nodes (one replica per master) and joins them
+// into a cluster. It needs local redis-server and redis-cli binaries.
+func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) {
+	if masters < 3 {
+		return nil, fmt.Errorf("tempserver: a cluster needs at least 3 masters, got %d", masters)
+	}
+	bin, err := lookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-server: %s", ErrNoServer, InstallHint)
+	}
+	cli, err := lookPath("redis-cli")
+	if err != nil {
+		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-cli: %s", ErrNoServer, InstallHint)
+	}
+	dir, err := os.MkdirTemp("", "delayq-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	c := &RedisCluster{dir: dir}
+	addrs := make([]string, 0, 2*masters)
+	for i := range 2 * masters {
+		nodeDir := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.Mkdir(nodeDir, 0o755); err != nil {
+			c.Close()
+			return nil, err
+		}
+		port, err := freePort()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		n := &Redis{bin: bin, dir: nodeDir, port: port, args: []string{
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
+			"--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"}}
+		if err := n.Start(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, n)
+		addrs = append(addrs, n.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	cmd := exec.CommandContext(ctx, cli, args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
+	}
+	if err := c.waitHealthy(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Addrs lists every node's host:port.
+func (c *RedisCluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr()
+	}
+	return out
+}
+
+// waitHealthy waits until every node reports cluster_state:ok.
+func (c *RedisCluster) waitHealthy(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for _, n := range c.Nodes {
+		opt, _ := redis.ParseURL(n.URL())
+		rdb := redis.NewClient(opt)
+		for {
+			info, err := rdb.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				rdb.Close()
+				return fmt.Errorf("cluster not healthy: %w (last: %v)", ctx.Err(), err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		rdb.Close()
+	}
+	return nil
+}
+
+// Close stops every node and removes the directory.
+func (c *RedisCluster) Close() {
+	for _, n := range c.Nodes {
+		n.Close()
+	}
+	_ = os.RemoveAll(c.dir)
+}
