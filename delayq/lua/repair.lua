@@ -1,0 +1,143 @@
+-- repair: compare-and-set repairs of some tasks of one queue, for reconcile.
+--
+-- Each repair carries the fingerprint probe.lua returned for its task. It is applied
+-- only if the task's hash and memberships are exactly as they were then; otherwise
+-- nothing is done to that task (someone changed it: a claim, a completion, a relay,
+-- another reconcile) and the caller looks again later. So a repair never undoes a
+-- change it did not see.
+--
+-- Operations:
+--   remove   delete the task hash and the id from ready, active and dead
+--   restore  the same, then write the task afresh: status "r", the given payload,
+--            max_attempts, attempt (field omitted when 0) and version, in ready at
+--            the given due time
+--   expire   for an active task that lost its place in active (or sits in another
+--            ZSET too): drop it from ready and dead, and add it to active with score
+--            0 unless it is there, so the reaper takes it back like an expired lease
+--
+-- KEYS[1]  ready ZSET
+-- KEYS[2]  active ZSET
+-- KEYS[3]  dead ZSET
+-- KEYS[4]  task hash key prefix
+-- ARGV[1]  wake channel
+-- ARGV[2]  n, number of repairs (1..1000)
+-- then for repair k = 0..n-1, ARGV[3+8k] .. ARGV[10+8k]:
+--   op            "remove", "restore" or "expire"
+--   id            1..200 bytes
+--   fingerprint   as returned by probe.lua
+--   due           restore: Unix seconds with up to 3 decimals, or "now"; else ""
+--   payload       restore: bytes; else ""
+--   max_attempts  restore: 1..1000000; else ""
+--   attempt       restore: 0..1000000; else ""
+--   version       restore: 1..2147483647; else ""
+--
+-- Returns an array of n integers: 1 applied, 0 changed since the probe (nothing done).
+-- PUBLISHes the new head score on the wake channel when a restore moved the earliest
+-- due time of the queue earlier. Malformed ARGV: an error reply, nothing written.
+
+local function fail(msg) return redis.error_reply('ERR delayq repair: ' .. msg) end
+
+local function int(s, min, max)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < min or n > max then return nil end
+  return n
+end
+
+local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
+
+-- Identical to read() in probe.lua.
+local function read(id)
+  local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')
+  local rs = redis.call('ZSCORE', KEYS[1], id) or ''
+  local as = redis.call('ZSCORE', KEYS[2], id) or ''
+  local ds = redis.call('ZSCORE', KEYS[3], id) or ''
+  local s, v, a, m, t = f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or ''
+  return { s, v, a, m, rs, as, ds, table.concat({ s, v, a, m, t, rs, as, ds }, '|') }
+end
+
+local function head()
+  local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if h[2] then return tonumber(h[2]) end
+  return nil
+end
+
+local W = 8
+local n = int(ARGV[2], 1, 1000)
+if n == nil then return fail('n must be an integer in 1..1000') end
+if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
+if ARGV[1] == '' then return fail('empty wake channel') end
+
+-- Validate everything before writing anything.
+local now = nil
+local reps = {}
+for k = 0, n - 1 do
+  local b = 3 + W * k
+  local op, id = ARGV[b], ARGV[b + 1]
+  if #id == 0 or #id > 200 then return fail('repair ' .. k .. ': id must have 1..200 bytes') end
+  local r = { op = op, id = id, fp = ARGV[b + 2] }
+  if op == 'restore' then
+    local due = ARGV[b + 3]
+    if due == 'now' then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      r.score = fmt(now)
+    else
+      if not (string.match(due, '^%d+$') or string.match(due, '^%d+%.%d%d?%d?$')) then
+        return fail('repair ' .. k .. ': due must be seconds with at most 3 decimals or "now"')
+      end
+      local ms = math.floor(tonumber(due) * 1000 + 0.5)
+      if ms > 1e14 then return fail('repair ' .. k .. ': due too far in the future') end
+      r.score = fmt(ms)
+    end
+    r.payload = ARGV[b + 4]
+    r.max = int(ARGV[b + 5], 1, 1000000)
+    if r.max == nil then return fail('repair ' .. k .. ': max_attempts must be an integer in 1..1000000') end
+    r.attempt = int(ARGV[b + 6], 0, 1000000)
+    if r.attempt == nil then return fail('repair ' .. k .. ': attempt must be an integer in 0..1000000') end
+    r.ver = int(ARGV[b + 7], 1, 2147483647)
+    if r.ver == nil then return fail('repair ' .. k .. ': version must be an integer in 1..2147483647') end
+  elseif op ~= 'remove' and op ~= 'expire' then
+    return fail('repair ' .. k .. ': unknown op "' .. op .. '"')
+  end
+  reps[k + 1] = r
+end
+
+local before = head()
+local out = {}
+for i, r in ipairs(reps) do
+  local id = r.id
+  local h = KEYS[4] .. id
+  local cur = read(id)
+  if cur[8] ~= r.fp or (r.op == 'expire' and cur[1] ~= 'a') then
+    out[i] = 0
+  else
+    if r.op == 'expire' then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('ZREM', KEYS[3], id)
+      redis.call('ZADD', KEYS[2], 'NX', 0, id)
+    else
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+      redis.call('DEL', h)
+      if r.op == 'restore' then
+        if r.attempt > 0 then
+          redis.call('HSET', h, 's', 'r', 'p', r.payload, 'm', r.max, 'v', r.ver, 'a', r.attempt)
+        else
+          redis.call('HSET', h, 's', 'r', 'p', r.payload, 'm', r.max, 'v', r.ver)
+        end
+        redis.call('ZADD', KEYS[1], r.score, id)
+      end
+    end
+    out[i] = 1
+  end
+end
+
+local after = head()
+if after ~= nil and (before == nil or after < before) then
+  redis.call('PUBLISH', ARGV[1], string.format('%.3f', after))
+end
+return out
