@@ -54,6 +54,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
 		"bench":   {"run the benchmark workloads and print their figures", runBench},
+		"demo":    {"run the whole system end to end on throwaway servers and report", runDemo},
 	}
 }
 
