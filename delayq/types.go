@@ -119,9 +119,9 @@ type TaskInfo struct {
 	ID          string
 	State       State
 	Payload     []byte // nil when done or missing
-	Attempt     int
-	MaxAttempts int // 0 when done or missing
-	Version     int
+	Attempt     int    // 0 when done or missing
+	MaxAttempts int    // 0 when done or missing
+	Version     int    // 0 when done or missing
 	LastError   string
 	// Score: due time when ready, lease deadline when active, time of death when
 	// dead; zero when done or missing.

@@ -8,7 +8,7 @@
 --
 -- KEYS[1]  ready ZSET            "<prefix>:{<queue>}:ready"
 -- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
--- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:task:"
+-- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:t:"
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- then for task k = 0..n-1, ARGV[3+6k] .. ARGV[8+6k]:
