@@ -87,14 +87,18 @@ func (w *Waiter) Mark(ctx context.Context, queue string) (Mark, error) {
 			msgs := w.ps.ChannelWithSubscriptions(redis.WithChannelSize(64))
 			go w.receive(msgs)
 		}
-		// The channel is recorded even when the write fails; go-redis then
-		// subscribes at its reconnect, and the confirmation ends the wait below.
-		if err := w.ps.Subscribe(ctx, k.Wake); err != nil {
+	}
+	ps := w.ps
+	w.mu.Unlock()
+
+	if !ok {
+		// Outside the lock: it may dial. The channel is recorded even when the
+		// write fails; go-redis then subscribes at its reconnect, and the
+		// confirmation ends the wait below.
+		if err := ps.Subscribe(ctx, k.Wake); err != nil {
 			w.c.cfg.Logger.Debug("delayq: subscribe failed, retried at reconnect", "channel", k.Wake, "err", err)
 		}
 	}
-	w.mu.Unlock()
-
 	select {
 	case <-st.subscribed:
 	case <-ctx.Done():
