@@ -1,0 +1,164 @@
+package delayq
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestScriptsRejectMalformedArgs calls every script directly with malformed ARGV:
+// each must answer with its own error reply and write nothing. The well-formed
+// parts of each call name real tasks and tokens, so a script that skipped a check
+// would change something.
+func TestScriptsRejectMalformedArgs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	b.enqueue(t,
+		Task{ID: "act", RunAt: now.Add(-time.Second)},
+		Task{ID: "dead", RunAt: now.Add(-time.Second)},
+		Task{ID: "rdy", RunAt: now.Add(time.Hour)},
+	)
+	cl := b.claim(t, 2, time.Hour)
+	if len(cl.Tasks) != 2 {
+		t.Fatalf("claimed %d", len(cl.Tasks))
+	}
+	tok := cl.Tasks[0].Token // "act"
+	if err := b.c.Kill(ctx, "q", "dead", cl.Tasks[1].Token, "x"); err != nil {
+		t.Fatal(err)
+	}
+	b.rdb.ZAdd(ctx, b.k.Active, redisZ("act", 1)) // expired, so reap would act
+	k, w := b.k, b.k.Wake
+	long := strings.Repeat("e", 4097)
+	task := func(id, due, max, attempt, ver string) []any { return []any{id, due, "payload", max, attempt, ver} }
+	cat := func(parts ...[]any) []any {
+		var out []any
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	good := task("new", "now", "3", "0", "1")
+	manyIDs := make([]any, 1001)
+	for i := range manyIDs {
+		manyIDs[i] = "id" + strconv.Itoa(i)
+	}
+
+	s := b.c.s
+	enq := []string{k.Ready, k.Active, k.TaskPrefix}
+	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}
+	cases := []struct {
+		name   string
+		script *redis.Script
+		keys   []string
+		args   []any
+	}{
+		{"enqueue", s.enqueue, enq, nil},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "0"})},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "x"}, good)},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "1.0"}, good)},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "10001"}, good)},
+		{"enqueue", s.enqueue, enq, cat([]any{"", "1"}, good)},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good)},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "1"}, good, []any{"extra"})},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "1"}, good[:5])},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("", "now", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task(strings.Repeat("i", 201), "now", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "1e9", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "-5", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "inf", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "nan", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "0x10", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "1.2345", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "99999999999999", "3", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "0", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "1.5", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "abc", "0", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "3", "-1", "1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "3", "0", "0"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2"}, good, task("n2", "now", "3", "0", "2147483648"))},
+
+		{"claim", s.claim, enq, nil},
+		{"claim", s.claim, enq, []any{"0", "1000", "base"}},
+		{"claim", s.claim, enq, []any{"1001", "1000", "base"}},
+		{"claim", s.claim, enq, []any{"x", "1000", "base"}},
+		{"claim", s.claim, enq, []any{"1", "0", "base"}},
+		{"claim", s.claim, enq, []any{"1", "1.5", "base"}},
+		{"claim", s.claim, enq, []any{"1", "1099511627777", "base"}},
+		{"claim", s.claim, enq, []any{"1", "1000", ""}},
+		{"claim", s.claim, enq, []any{"1", "1000", strings.Repeat("b", 65)}},
+		{"claim", s.claim, enq, []any{"1", "1000", "base", "extra"}},
+
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "0"}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "-1"}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "1e3"}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"", tok, "1000"}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", "", "1000"}},
+		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "1000", "x"}},
+
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "x"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "-1"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "1099511627777"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"", tok, "1000"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", strings.Repeat("t", 101), "1000"}},
+
+		{"retry", s.retry, lease, []any{w, "act", tok, "1000"}},
+		{"retry", s.retry, lease, []any{"", "act", tok, "1000", "e"}},
+		{"retry", s.retry, lease, []any{w, "act", tok, "0", "e"}},
+		{"retry", s.retry, lease, []any{w, "act", tok, "abc", "e"}},
+		{"retry", s.retry, lease, []any{w, "act", tok, "1000", long}},
+		{"retry", s.retry, lease, []any{w, "", tok, "1000", "e"}},
+		{"retry", s.retry, lease, []any{w, "act", "", "1000", "e"}},
+
+		{"kill", s.kill, []string{k.Active, k.Dead, k.TaskPrefix}, []any{"act", tok}},
+		{"kill", s.kill, []string{k.Active, k.Dead, k.TaskPrefix}, []any{"act", tok, long}},
+		{"kill", s.kill, []string{k.Active, k.Dead, k.TaskPrefix}, []any{"", tok, "e"}},
+		{"kill", s.kill, []string{k.Active, k.Dead, k.TaskPrefix}, []any{"act", "", "e"}},
+
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act"}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{"", "act", tok}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "", tok}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act", ""}},
+
+		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1"}},
+		{"reap", s.reap, lease, []any{"", "10", "1000", "2000", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "0", "1000", "2000", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "10001", "1000", "2000", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "x", "1000", "2000", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "10", "0", "2000", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "10", "1000", "999", "1", "e"}},
+		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1000000", "e"}},
+		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "-1", "e"}},
+		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1", long}},
+
+		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w}},
+		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{"", "dead"}},
+		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w, ""}},
+		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w, "dead", "x"}},
+
+		{"remove", s.remove, lease, nil},
+		{"remove", s.remove, lease, []any{""}},
+		{"remove", s.remove, lease, []any{"rdy", "act"}},
+
+		{"stats", s.stats, []string{k.Ready, k.Active, k.Dead}, []any{"x"}},
+
+		{"inspect", s.inspect, lease, nil},
+		{"inspect", s.inspect, lease, []any{"rdy", ""}},
+		{"inspect", s.inspect, lease, manyIDs},
+	}
+	snap := b.snapshot(t)
+	for i, tc := range cases {
+		_, err := tc.script.Run(ctx, b.rdb, tc.keys, tc.args...).Result()
+		if err == nil || !strings.HasPrefix(err.Error(), "ERR delayq "+tc.name+": ") {
+			t.Errorf("case %d (%s %v): got error %v, want the script's own error", i, tc.name, tc.args, err)
+		}
+	}
+	sameSnapshot(t, "malformed calls", snap, b.snapshot(t))
+}
