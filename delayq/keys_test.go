@@ -1,0 +1,89 @@
+package delayq
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestKeysFor(t *testing.T) {
+	t.Parallel()
+	k, err := KeysFor("dq", "payment")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Keys{
+		Ready:      "dq:{payment}:ready",
+		Active:     "dq:{payment}:active",
+		Dead:       "dq:{payment}:dead",
+		TaskPrefix: "dq:{payment}:t:",
+		Wake:       "dq:{payment}:wake",
+	}
+	if k != want {
+		t.Errorf("KeysFor = %+v", k)
+	}
+	if got := k.TaskKey("order-1001"); got != "dq:{payment}:t:order-1001" {
+		t.Errorf("TaskKey = %q", got)
+	}
+	for _, tc := range []struct {
+		prefix, queue string
+		want          error
+	}{
+		{"", "q", ErrInvalidPrefix},
+		{"a{", "q", ErrInvalidPrefix},
+		{"dq", "", ErrInvalidQueue},
+		{"dq", "a}b", ErrInvalidQueue},
+		{"dq", "a:b", ErrInvalidQueue},
+	} {
+		if _, err := KeysFor(tc.prefix, tc.queue); !errors.Is(err, tc.want) {
+			t.Errorf("KeysFor(%q, %q): %v, want %v", tc.prefix, tc.queue, err, tc.want)
+		}
+	}
+}
+
+func TestHashTag(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]string{
+		"dq:{payment}:ready": "payment",
+		"plain":              "plain",
+		"a{}b{c}":            "a{}b{c}",
+		"a{b":                "a{b",
+		"x{y}z{w}":           "y",
+	} {
+		if got := hashTag(key); got != want {
+			t.Errorf("hashTag(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+// FuzzKeys: for any accepted prefix, queue and id, every key of the queue hashes to
+// the queue's slot (the queue is the hash tag), and a task key is its prefix + id.
+func FuzzKeys(f *testing.F) {
+	f.Add("dq", "payment", "order-1001")
+	f.Add("a:b", "q.1-x_y", "x:{y}")
+	f.Add("dq", "q", "}{")
+	f.Fuzz(func(t *testing.T, prefix, queue, id string) {
+		k, err := keysForTask(prefix, queue, id)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidPrefix) && !errors.Is(err, ErrInvalidQueue) && !errors.Is(err, ErrInvalidTaskID) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		tk := k.TaskKey(id)
+		for _, key := range []string{k.Ready, k.Active, k.Dead, k.Wake, tk} {
+			if got := hashTag(key); got != queue {
+				t.Fatalf("key %q hashes on %q, not on queue %q", key, got, queue)
+			}
+			if !strings.HasPrefix(key, prefix+":{"+queue+"}:") {
+				t.Fatalf("key %q outside the queue's namespace", key)
+			}
+		}
+		if strings.TrimPrefix(tk, k.TaskPrefix) != id {
+			t.Fatalf("task key %q does not end with id %q", tk, id)
+		}
+		if strings.ContainsAny(id, "{}") || strings.ContainsAny(queue, "{}:") {
+			t.Fatalf("validation let braces through: %q %q", queue, id)
+		}
+	})
+}
