@@ -196,4 +196,3 @@ func TestHTTPAPI(t *testing.T) {
 	waitCount(t, s.pool, "SELECT count(DISTINCT idempotency_key) FROM sent_emails", 5, time.Second)
 	waitCount(t, s.pool, "SELECT count(*) FROM users", 5, time.Second)
 }
-
