@@ -226,12 +226,3 @@ func cpuModel() string {
 	}
 	return runtime.GOARCH
 }
-
-// percentile returns the p-th percentile (0..100) of sorted values.
-func percentile(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p / 100 * float64(len(sorted)-1))
-	return sorted[i]
-}

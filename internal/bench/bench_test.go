@@ -1,0 +1,40 @@
+package bench
+
+import (
+	"context"
+	"testing"
+
+	"github.com/delayq/delayq/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// TestWorkloads runs every workload once at a tiny size so none can rot. It
+// checks the counts each workload verifies (every task relayed, run, done),
+// never speed.
+func TestWorkloads(t *testing.T) {
+	t.Parallel()
+	for _, name := range Workloads() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// A Redis of its own: idle counts the server's commands, relay changes
+			// its keyspace-event setting.
+			env := Env{DatabaseURL: testenv.PostgresURL(t), RedisURL: testenv.OwnRedis(t).URL(), Scale: 0.001}
+			res, err := Run(context.Background(), env, name)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if len(res.Figures) == 0 {
+				t.Fatalf("%s: no figures", name)
+			}
+			for _, f := range res.Figures {
+				if f.Value < 0 {
+					t.Errorf("%s: %s = %v", name, f.Name, f.Value)
+				}
+			}
+		})
+	}
+	if _, err := Run(context.Background(), Env{}, "no-such-workload"); err == nil {
+		t.Fatal("unknown workload accepted")
+	}
+}

@@ -1,0 +1,429 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
+)
+
+// fill puts n rows into the outbox, due after delay, with EnqueueMany.
+func (s *session) fill(ctx context.Context, n int, delay time.Duration) error {
+	tasks := make([]outbox.Task, 0, 10_000)
+	for i := 0; i < n; i += 10_000 {
+		tasks = tasks[:0]
+		for j := i; j < min(i+10_000, n); j++ {
+			tasks = append(tasks, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", j), Payload: payload20, Delay: delay})
+		}
+		if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startRelay runs a relay with default settings until the returned stop.
+func (s *session) startRelay(ctx context.Context) (stop func() error, err error) {
+	rl, err := relay.New(s.pool, s.dq, relay.Config{Schema: s.schema})
+	if err != nil {
+		return nil, err
+	}
+	return s.background(ctx, rl.Run), nil
+}
+
+// background runs f until stop cancels it and returns its error.
+func (s *session) background(ctx context.Context, f func(context.Context) error) (stop func() error) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	return func() error {
+		cancel()
+		return <-done
+	}
+}
+
+// waitFor polls cond every 2ms until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func (s *session) countState(ctx context.Context, state string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE state = $1", state).Scan(&n)
+	return n, err
+}
+
+// relayBench: a backlog of pending rows due now drained into Redis, then the lag
+// from a producer's commit to the task's arrival in Redis under a steady load.
+func relayBench(ctx context.Context, s *session, r *Result) error {
+	n := s.n(100_000)
+	r.Params["backlog"] = n
+	if err := s.fill(ctx, n, 0); err != nil {
+		return err
+	}
+	start := time.Now()
+	stop, err := s.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	err = waitFor(ctx, 10*time.Minute, "the backlog to reach Redis", func() (bool, error) {
+		st, err := s.dq.Stats(ctx, "bench")
+		return st.Ready >= int64(n), err
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		_ = stop()
+		return err
+	}
+	r.add("relay_backlog", float64(n)/elapsed.Seconds(), "rows/s")
+	pending, err := s.countState(ctx, "pending")
+	if err != nil {
+		_ = stop()
+		return err
+	}
+	r.Checks = map[string]int64{"backlog_in_redis": int64(n), "left_pending": int64(pending)}
+
+	lags, err := s.steadyLag(ctx, 2000, s.n(20_000))
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	r.Params["steady_rate"], r.Params["steady_tasks"] = 2000, len(lags)
+	r.add("lag_p50", ms(percentileD(lags, 50)), "ms")
+	r.add("lag_p99", ms(percentileD(lags, 99)), "ms")
+	r.add("lag_max", ms(percentileD(lags, 100)), "ms")
+	return nil
+}
+
+// steadyLag commits total tasks at rate per second (each in its own transaction,
+// from 8 producers) and measures, per task, commit → task hash written in Redis.
+// Arrival is observed through Redis keyspace events on HSET, which name the key.
+func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Duration, error) {
+	old, err := s.rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.rdb.ConfigSet(ctx, "notify-keyspace-events", "Eh").Err(); err != nil {
+		return nil, err
+	}
+	defer s.rdb.ConfigSet(context.WithoutCancel(ctx), "notify-keyspace-events", old["notify-keyspace-events"])
+	sub := s.rdb.Subscribe(ctx, "__keyevent@"+fmt.Sprint(s.rdb.Options().DB)+"__:hset")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return nil, err
+	}
+	keys, err := delayq.KeysFor(s.prefix, "bench")
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu        sync.Mutex
+		committed = make(map[string]time.Time, total)
+		arrived   = make(map[string]time.Time, total)
+	)
+	go func() {
+		for msg := range sub.Channel() {
+			at := time.Now()
+			if id, ok := strings.CutPrefix(msg.Payload, keys.TaskPrefix); ok {
+				mu.Lock()
+				if _, seen := arrived[id]; !seen {
+					arrived[id] = at
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	interval := time.Second / time.Duration(rate)
+	begin := time.Now()
+	var next atomic.Int64
+	err = parallel(8, func() error {
+		for {
+			i := next.Add(1) - 1
+			if i >= int64(total) {
+				return nil
+			}
+			// Pace: task i commits no earlier than begin + i·interval.
+			if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
+				time.Sleep(d)
+			}
+			id := fmt.Sprintf("steady-%d", i)
+			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+				_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: id, Payload: payload20, Delay: time.Hour})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			committed[id] = time.Now()
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = waitFor(ctx, time.Minute, "steady tasks in Redis", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(arrived) >= total, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lags := make([]time.Duration, 0, total)
+	for id, c := range committed {
+		// The hash can be written before Commit returned to the producer (the relay
+		// is woken at commit): count that as zero lag, not negative.
+		lags = append(lags, max(0, arrived[id].Sub(c)))
+	}
+	slices.Sort(lags)
+	return lags, nil
+}
+
+// drain: tasks due now already in Redis (and queued in the outbox), 32 handler
+// slots, a no-op handler; tasks per second until every one is done.
+func drain(transactional bool) func(ctx context.Context, s *session, r *Result) error {
+	return func(ctx context.Context, s *session, r *Result) error {
+		n := s.n(20_000)
+		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, 32, transactional
+		if err := s.fill(ctx, n, 0); err != nil {
+			return err
+		}
+		stopRelay, err := s.startRelay(ctx)
+		if err != nil {
+			return err
+		}
+		err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
+			q, err := s.countState(ctx, "queued")
+			return q == n, err
+		})
+		if serr := stopRelay(); err == nil {
+			err = serr
+		}
+		if err != nil {
+			return err
+		}
+		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		if err != nil {
+			return err
+		}
+		var calls atomic.Int64
+		qc := worker.QueueConfig{Concurrency: 32}
+		if transactional {
+			err = w.HandleTx("bench", func(context.Context, pgx.Tx, *worker.Task) error { calls.Add(1); return nil }, qc)
+		} else {
+			err = w.Handle("bench", func(context.Context, *worker.Task) error { calls.Add(1); return nil }, qc)
+		}
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		stop := s.background(ctx, w.Run)
+		err = waitFor(ctx, 10*time.Minute, "the drain", func() (bool, error) {
+			return w.Stats().Succeeded >= int64(n), nil
+		})
+		elapsed := time.Since(start)
+		if serr := stop(); err == nil {
+			err = serr
+		}
+		if err != nil {
+			return err
+		}
+		done, err := s.countState(ctx, "done")
+		if err != nil {
+			return err
+		}
+		name := "drain_plain"
+		if transactional {
+			name = "drain_tx"
+		}
+		r.add(name, float64(n)/elapsed.Seconds(), "tasks/s")
+		r.Checks = map[string]int64{"handler_calls": calls.Load(), "done_in_outbox": int64(done)}
+		if calls.Load() != int64(n) || done != n {
+			return fmt.Errorf("handler calls %d, done %d, want %d each", calls.Load(), done, n)
+		}
+		return nil
+	}
+}
+
+// lateness: tasks due 5 s after the workers start, spread evenly over 1 s, going
+// the whole way (outbox, relay, Redis, worker); handler start − due time.
+func lateness(ctx context.Context, s *session, r *Result) error {
+	n := s.n(2_000)
+	r.Params["tasks"], r.Params["spread"] = n, "1s"
+	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	if err != nil {
+		return err
+	}
+	var (
+		mu    sync.Mutex
+		lates []time.Duration
+		early atomic.Int64
+	)
+	err = w.Handle("bench", func(_ context.Context, t *worker.Task) error {
+		late := time.Since(t.Due)
+		if t.ClaimedAt.Before(t.Due) || late < 0 {
+			early.Add(1)
+		}
+		mu.Lock()
+		lates = append(lates, late)
+		mu.Unlock()
+		return nil
+	}, worker.QueueConfig{Concurrency: 32})
+	if err != nil {
+		return err
+	}
+	stopRelay, err := s.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopRelay()
+	stopWorker := s.background(ctx, w.Run)
+	defer stopWorker()
+	first := time.Now().Add(5 * time.Second)
+	step := time.Second / time.Duration(n)
+	tasks := make([]outbox.Task, n)
+	for i := range tasks {
+		tasks[i] = outbox.Task{Queue: "bench", ID: fmt.Sprintf("late-%d", i), Payload: payload20,
+			RunAt: first.Add(time.Duration(i) * step)}
+	}
+	if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
+		return err
+	}
+	err = waitFor(ctx, 2*time.Minute, "every task to run", func() (bool, error) {
+		return w.Stats().Succeeded >= int64(n), nil
+	})
+	if err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lates)
+	r.add("lateness_p50", ms(percentileD(lates, 50)), "ms")
+	r.add("lateness_p95", ms(percentileD(lates, 95)), "ms")
+	r.add("lateness_p99", ms(percentileD(lates, 99)), "ms")
+	r.add("lateness_max", ms(percentileD(lates, 100)), "ms")
+	r.add("started_early", float64(early.Load()), "tasks")
+	r.Checks = map[string]int64{"ran": int64(len(lates)), "early": early.Load()}
+	if len(lates) != n || early.Load() != 0 {
+		return fmt.Errorf("ran %d of %d, %d early", len(lates), n, early.Load())
+	}
+	return nil
+}
+
+// idle: Redis commands per second from one idle worker and one idle relay, read
+// from the server's own command counter.
+func idle(ctx context.Context, s *session, r *Result) error {
+	window := 10 * time.Second
+	if s.env.Scale < 1 {
+		window = 2 * time.Second
+	}
+	r.Params["window"] = window.String()
+	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	if err != nil {
+		return err
+	}
+	if err := w.Handle("bench", func(context.Context, *worker.Task) error { return nil }, worker.QueueConfig{}); err != nil {
+		return err
+	}
+	// One task far in the future: a worker with something scheduled, not an empty queue.
+	if err := s.fill(ctx, 1, time.Hour); err != nil {
+		return err
+	}
+	stopRelay, err := s.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, time.Minute, "the task in Redis", func() (bool, error) {
+		q, err := s.countState(ctx, "queued")
+		return q == 1, err
+	}); err != nil {
+		_ = stopRelay()
+		return err
+	}
+	relayRate, err := s.commandRate(ctx, window)
+	if serr := stopRelay(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	stopWorker := s.background(ctx, w.Run)
+	time.Sleep(500 * time.Millisecond) // let it subscribe and make its first claim
+	workerRate, err := s.commandRate(ctx, window)
+	if serr := stopWorker(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+	r.add("idle_relay", relayRate, "commands/s")
+	r.add("idle_worker", workerRate, "commands/s")
+	return nil
+}
+
+// commandRate is total_commands_processed over window, less this call's own INFOs.
+func (s *session) commandRate(ctx context.Context, window time.Duration) (float64, error) {
+	read := func() (int64, error) {
+		info, err := s.rdb.Info(ctx, "stats").Result()
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+				var n int64
+				_, err := fmt.Sscan(v, &n)
+				return n, err
+			}
+		}
+		return 0, fmt.Errorf("INFO stats has no total_commands_processed")
+	}
+	a, err := read()
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(window) // the measurement window itself
+	b, err := read()
+	if err != nil {
+		return 0, err
+	}
+	return float64(b-a-1) / window.Seconds(), nil
+}
+
+func percentileD(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[(len(sorted)-1)*p/100]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
