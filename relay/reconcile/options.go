@@ -1,0 +1,117 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
+)
+
+// DB is what the functions of this package need from Postgres: *pgxpool.Pool and
+// *pgx.Conn satisfy it.
+type DB interface {
+	outbox.Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Options configure Reconcile, Check, Stats and the dead-letter functions (each
+// reads the fields it needs). The zero value means every default.
+type Options struct {
+	// Queues limits the work to these queues. Default (nil): every queue with rows
+	// in the outbox or keys in Redis.
+	Queues []string
+	// Schema holds the outbox table. Default "public".
+	Schema string
+	// DryRun makes Reconcile report what it would repair without changing anything.
+	DryRun bool
+	// BatchSize is how many rows, or Redis ids, one step reads and repairs.
+	// Default 500; 1..1000.
+	BatchSize int
+	// Grace: a task queued in Postgres and dead in Redis is left alone while its
+	// death (its score in the dead ZSET) is younger than Grace, because whoever
+	// declared it dead writes that to Postgres right after. Default 1 minute; -1
+	// means none.
+	Grace time.Duration
+	// Samples is how many task ids each category of a Report keeps. Default 10;
+	// -1 keeps none.
+	Samples int
+	// Progress, when set, is called after every step with the work done so far.
+	Progress func(Progress)
+	// Logger receives a debug line per repair step. Default: discard.
+	Logger *slog.Logger
+
+	// beforeSettle, set by tests, runs between the first read of a step and the
+	// second read that decides its repairs.
+	beforeSettle func(queue string, ids []string)
+}
+
+// WithDefaults returns a copy of o with zero fields set to their defaults.
+func (o Options) WithDefaults() Options {
+	if o.Schema == "" {
+		o.Schema = outbox.DefaultSchema
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 500
+	}
+	if o.Grace == 0 {
+		o.Grace = time.Minute
+	}
+	if o.Samples == 0 {
+		o.Samples = 10
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	for _, q := range o.Queues {
+		if err := validate.Queue(q); err != nil {
+			return fmt.Errorf("%w: Queues: %w", ErrInvalidOptions, err)
+		}
+	}
+	switch {
+	case o.BatchSize < 1 || o.BatchSize > 1000:
+		return fmt.Errorf("%w: BatchSize %d: 1..1000", ErrInvalidOptions, o.BatchSize)
+	case o.Grace < 0 && o.Grace != -1:
+		return fmt.Errorf("%w: Grace %v: positive, or -1 for none", ErrInvalidOptions, o.Grace)
+	case o.Samples < -1:
+		return fmt.Errorf("%w: Samples %d: 0 or more, or -1 for none", ErrInvalidOptions, o.Samples)
+	}
+	return nil
+}
+
+// prepare applies the defaults, validates and builds the statements.
+func (o Options) prepare() (Options, statements, error) {
+	o = o.WithDefaults()
+	if err := o.validate(); err != nil {
+		return o, statements{}, err
+	}
+	ob, err := outbox.New(outbox.Config{Schema: o.Schema})
+	if err != nil {
+		return o, statements{}, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return o, newStatements(ob.Table()), nil
+}
+
+// Progress is what Options.Progress gets after each step.
+type Progress struct {
+	// Queue is the queue being worked on, and Phase "postgres" (walking the outbox)
+	// or "redis" (walking Redis for ids the outbox does not know).
+	Queue, Phase string
+	// Done counts the rows (phase postgres) or Redis ids (phase redis) of this queue
+	// examined so far; Total is the queue's outbox rows at the start (0 in phase
+	// redis, whose size is not known in advance).
+	Done, Total int
+	// QueueIndex counts the queues from 1 to Queues.
+	QueueIndex, Queues int
+	// Found counts the inconsistencies found so far, in all queues.
+	Found int
+}

@@ -1,0 +1,516 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/validate"
+)
+
+// Bucket counts the tasks of one category of a Report.
+type Bucket struct {
+	// Found counts the tasks in this category.
+	Found int `json:"found"`
+	// Repaired counts those repaired (always 0 in a dry run).
+	Repaired int `json:"repaired"`
+	// Skipped counts those left alone: pending rows (the relay's), recent deaths
+	// (see Options.Grace), rows locked by someone else, tasks that changed between
+	// the read and the repair. The next run looks at them again.
+	Skipped int `json:"skipped"`
+	// Samples holds up to Options.Samples of them, as "queue/id".
+	Samples []string `json:"samples,omitempty"`
+}
+
+func (b *Bucket) sample(queue, id string, limit int) {
+	if len(b.Samples) < limit {
+		b.Samples = append(b.Samples, queue+"/"+id)
+	}
+}
+
+// Report tells what Reconcile found and did.
+type Report struct {
+	DryRun bool     `json:"dry_run"`
+	Queues []string `json:"queues"`
+	// Rows counts the outbox rows examined; RedisOnly the ids found in Redis without
+	// an outbox row.
+	Rows      int `json:"postgres_rows"`
+	RedisOnly int `json:"redis_only_ids"`
+	// Found, Repaired and Skipped add up the buckets of Kinds.
+	Found    int `json:"found"`
+	Repaired int `json:"repaired"`
+	Skipped  int `json:"skipped"`
+	// Kinds has one bucket per kind, every kind present.
+	Kinds map[Kind]*Bucket `json:"kinds"`
+	// ExpiredLeases counts active tasks past their lease, left to the reaper (not
+	// inconsistencies: not in Found).
+	ExpiredLeases Bucket        `json:"expired_leases"`
+	Duration      time.Duration `json:"-"`
+	DurationMS    int64         `json:"duration_ms"`
+}
+
+// Inconsistency is one task Check found wrong.
+type Inconsistency struct {
+	Kind  Kind   `json:"kind"`
+	Queue string `json:"queue"`
+	ID    string `json:"id"`
+	// Postgres and Redis say what each store holds, e.g. "queued v1" and
+	// "ready v1, in no ZSET".
+	Postgres string `json:"postgres"`
+	Redis    string `json:"redis"`
+}
+
+// Reconcile compares the outbox with Redis, queue by queue, and repairs Redis from
+// Postgres (see the package documentation). It returns the report so far with an
+// error. With Options.DryRun it changes nothing.
+func Reconcile(ctx context.Context, db DB, dq *delayq.Client, opts Options) (Report, error) {
+	e, err := newEngine(db, dq, opts)
+	if err != nil {
+		return Report{}, err
+	}
+	err = e.run(ctx)
+	return *e.rep, err
+}
+
+// Check lists every inconsistency between the outbox and Redis, and inside Redis
+// (a task hash and its ZSET memberships), without changing anything. Each one found
+// is read again before it is listed, so that a task caught between two steps of a
+// worker or a relay is not reported; on a live system an inconsistency can still
+// show up that the next step of its worker resolves. Options.DryRun is ignored.
+func Check(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Inconsistency, error) {
+	opts.DryRun = true
+	e, err := newEngine(db, dq, opts)
+	if err != nil {
+		return nil, err
+	}
+	var out []Inconsistency
+	e.found = func(q, id string, r *row, p *delayq.Probe, k Kind) {
+		inc := Inconsistency{Kind: k, Queue: q, ID: id, Postgres: describeRow(r), Redis: "not read"}
+		if p != nil {
+			inc.Redis = describeProbe(*p)
+		}
+		out = append(out, inc)
+	}
+	err = e.run(ctx)
+	return out, err
+}
+
+type engine struct {
+	db  DB
+	dq  *delayq.Client
+	o   Options
+	st  statements
+	rep *Report
+	// found, when set, gets every inconsistency (Check).
+	found func(queue, id string, r *row, p *delayq.Probe, k Kind)
+	// progress state
+	queueIndex, queues int
+}
+
+func newEngine(db DB, dq *delayq.Client, opts Options) (*engine, error) {
+	if db == nil || dq == nil {
+		return nil, fmt.Errorf("%w: nil database or Redis client", ErrInvalidOptions)
+	}
+	o, st, err := opts.prepare()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{DryRun: o.DryRun, Kinds: make(map[Kind]*Bucket)}
+	for _, k := range AllKinds() {
+		rep.Kinds[k] = &Bucket{}
+	}
+	return &engine{db: db, dq: dq, o: o, st: st, rep: rep}, nil
+}
+
+func (e *engine) run(ctx context.Context) error {
+	start := time.Now()
+	defer func() {
+		e.rep.Duration = time.Since(start)
+		e.rep.DurationMS = e.rep.Duration.Milliseconds()
+	}()
+	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues)
+	if err != nil {
+		return err
+	}
+	e.rep.Queues = qs
+	e.queues = len(qs)
+	for i, q := range qs {
+		e.queueIndex = i + 1
+		if err := e.walkPostgres(ctx, q); err != nil {
+			return err
+		}
+		if err := e.walkRedis(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queuesOf returns the queues asked for, or every queue of the outbox and of Redis.
+func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st statements, asked []string) ([]string, error) {
+	seen := map[string]bool{}
+	if asked != nil {
+		for _, q := range asked {
+			seen[q] = true
+		}
+	} else {
+		rows, err := db.Query(ctx, st.queues)
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: list queues: %w", err)
+		}
+		qs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: list queues: %w", err)
+		}
+		rq, err := dq.Queues(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+		for _, q := range append(qs, rq...) {
+			if validate.Queue(q) == nil { // a row the validation would refuse has no Redis side
+				seen[q] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for q := range seen {
+		out = append(out, q)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (e *engine) progress(q, phase string, done, total int) {
+	if e.o.Progress != nil {
+		e.o.Progress(Progress{Queue: q, Phase: phase, Done: done, Total: total,
+			QueueIndex: e.queueIndex, Queues: e.queues, Found: e.rep.Found})
+	}
+}
+
+// walkPostgres pages through the outbox rows of queue q in key order and settles
+// those Redis disagrees with.
+func (e *engine) walkPostgres(ctx context.Context, q string) error {
+	total := 0
+	if e.o.Progress != nil {
+		if err := e.db.QueryRow(ctx, e.st.count, q).Scan(&total); err != nil {
+			return fmt.Errorf("reconcile: count %s: %w", q, err)
+		}
+	}
+	after, done := "", 0
+	for {
+		rows, err := e.db.Query(ctx, e.st.page, q, after, e.o.BatchSize)
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		page, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+			var x row
+			err := r.Scan(&x.id, &x.state, &x.version)
+			return x, err
+		})
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		after = page[len(page)-1].id
+		// Rows whose id Redis could not hold (written around the producer's
+		// validation) are left out: they have no Redis side to compare.
+		var ids []string
+		var valid []row
+		for _, r := range page {
+			if validate.TaskID(r.id) == nil {
+				ids = append(ids, r.id)
+				valid = append(valid, r)
+			}
+		}
+		if len(ids) > 0 {
+			now, probes, err := e.dq.Probe(ctx, q, ids...)
+			if err != nil {
+				return fmt.Errorf("reconcile: %w", err)
+			}
+			var cands []string
+			first := map[string]Kind{}
+			for i := range valid {
+				v := classify(&valid[i], probes[i], now, e.o.Grace)
+				if v.expired {
+					e.rep.ExpiredLeases.Found++
+					e.rep.ExpiredLeases.Skipped++
+					e.rep.ExpiredLeases.sample(q, ids[i], e.o.Samples)
+				}
+				if v.kind != "" {
+					cands = append(cands, ids[i])
+					first[ids[i]] = v.kind
+				}
+			}
+			if len(cands) > 0 {
+				if err := e.settle(ctx, q, cands, first, 0); err != nil {
+					return err
+				}
+			}
+		}
+		done += len(page)
+		e.rep.Rows += len(page)
+		e.progress(q, "postgres", done, total)
+		if len(page) < e.o.BatchSize {
+			break
+		}
+	}
+	return nil
+}
+
+// walkRedis goes through everything Redis holds for queue q and settles the ids
+// the outbox does not know.
+func (e *engine) walkRedis(ctx context.Context, q string) error {
+	examined := map[string]bool{} // ids without a row, already handled
+	var batch []string
+	inBatch := map[string]bool{}
+	done := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		ids := batch
+		batch, inBatch = nil, map[string]bool{}
+		rows, err := e.db.Query(ctx, e.st.exists, q, ids)
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		var orphans []string
+		for _, id := range ids {
+			if !slices.Contains(have, id) {
+				orphans = append(orphans, id)
+				examined[id] = true
+			}
+		}
+		if len(orphans) == 0 {
+			return nil
+		}
+		e.rep.RedisOnly += len(orphans)
+		now, probes, err := e.dq.Probe(ctx, q, orphans...)
+		if err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		var cands []string
+		first := map[string]Kind{}
+		for i, id := range orphans {
+			if v := classify(nil, probes[i], now, e.o.Grace); v.kind != "" {
+				cands = append(cands, id)
+				first[id] = v.kind
+			}
+		}
+		if len(cands) == 0 {
+			return nil
+		}
+		return e.settle(ctx, q, cands, first, 0)
+	}
+	var cur delayq.ScanCursor
+	for !cur.Done() {
+		ids, next, err := e.dq.ScanIDs(ctx, q, cur, e.o.BatchSize)
+		if err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		cur = next
+		for _, id := range ids {
+			done++
+			if examined[id] || inBatch[id] || validate.TaskID(id) != nil {
+				continue
+			}
+			inBatch[id] = true
+			batch = append(batch, id)
+			if len(batch) >= e.o.BatchSize {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		e.progress(q, "redis", done, 0)
+	}
+	return flush()
+}
+
+// settle reads the candidate ids again, decides again and, unless this is a dry
+// run, repairs them: with their rows locked, by compare-and-set scripts in Redis.
+// first holds the kinds of the first read, for rows that cannot be locked.
+func (e *engine) settle(ctx context.Context, q string, ids []string, first map[string]Kind, depth int) error {
+	if e.o.beforeSettle != nil {
+		e.o.beforeSettle(q, ids)
+	}
+	if e.o.DryRun {
+		return e.verify(ctx, q, ids)
+	}
+	tx, err := e.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	locked, err := e.readRows(ctx, tx, e.st.lock, q, ids)
+	if err != nil {
+		return err
+	}
+	var rest []string
+	for _, id := range ids {
+		if locked[id] == nil {
+			rest = append(rest, id)
+		}
+	}
+	busy := map[string]bool{}
+	if len(rest) > 0 {
+		rows, err := tx.Query(ctx, e.st.exists, q, rest)
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		for _, id := range have {
+			busy[id] = true // the row exists but someone else holds it
+		}
+	}
+	var probeIDs []string
+	for _, id := range ids {
+		if busy[id] {
+			e.record(q, id, first[id], false, true, nil, nil)
+			continue
+		}
+		probeIDs = append(probeIDs, id)
+	}
+	if len(probeIDs) == 0 {
+		return nil
+	}
+	now, probes, err := e.dq.Probe(ctx, q, probeIDs...)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	var repairs []delayq.Repair
+	var kinds []Kind
+	var absentRemoved []string
+	for i, id := range probeIDs {
+		r, p := locked[id], probes[i]
+		v := classify(r, p, now, e.o.Grace)
+		switch {
+		case v.kind == "":
+			continue // resolved in the meantime
+		case v.op == 0:
+			e.record(q, id, v.kind, false, true, r, &p)
+			continue
+		}
+		rep := delayq.Repair{Op: v.op, ID: id, Fingerprint: p.Fingerprint}
+		if v.op == delayq.RepairRestore {
+			rep.Task = restoreTask(r, p)
+		}
+		repairs = append(repairs, rep)
+		kinds = append(kinds, v.kind)
+	}
+	if len(repairs) == 0 {
+		return tx.Commit(ctx)
+	}
+	applied, err := e.dq.RepairIf(ctx, q, repairs...)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	for i, rp := range repairs {
+		e.record(q, rp.ID, kinds[i], applied[i], !applied[i], locked[rp.ID], nil)
+		if applied[i] && locked[rp.ID] == nil {
+			absentRemoved = append(absentRemoved, rp.ID)
+		}
+	}
+	e.o.Logger.DebugContext(ctx, "reconcile: repaired", "queue", q, "repairs", len(repairs))
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("reconcile: commit: %w", err)
+	}
+	if len(absentRemoved) == 0 || depth > 0 {
+		return nil
+	}
+	// A task removed for want of a row whose row appeared meanwhile (an enqueue and
+	// a relay raced the removal) is put back.
+	now2, err := e.readRows(ctx, e.db, e.st.lookup, q, absentRemoved)
+	if err != nil {
+		return err
+	}
+	var back []string
+	for _, id := range absentRemoved {
+		if r := now2[id]; r != nil && r.state == stateQueued {
+			back = append(back, id)
+		}
+	}
+	if len(back) == 0 {
+		return nil
+	}
+	return e.settle(ctx, q, back, map[string]Kind{}, depth+1)
+}
+
+// verify is settle for a dry run: read both sides again, report, change nothing.
+func (e *engine) verify(ctx context.Context, q string, ids []string) error {
+	rows, err := e.readRows(ctx, e.db, e.st.lookup, q, ids)
+	if err != nil {
+		return err
+	}
+	now, probes, err := e.dq.Probe(ctx, q, ids...)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	for i, id := range ids {
+		r, p := rows[id], probes[i]
+		if v := classify(r, p, now, e.o.Grace); v.kind != "" {
+			e.record(q, id, v.kind, false, v.op == 0, r, &p)
+		}
+	}
+	return nil
+}
+
+// record counts one inconsistency.
+func (e *engine) record(q, id string, k Kind, repaired, skipped bool, r *row, p *delayq.Probe) {
+	if k == "" {
+		return
+	}
+	b := e.rep.Kinds[k]
+	b.Found++
+	e.rep.Found++
+	if repaired {
+		b.Repaired++
+		e.rep.Repaired++
+	}
+	if skipped {
+		b.Skipped++
+		e.rep.Skipped++
+	}
+	b.sample(q, id, e.o.Samples)
+	if e.found != nil {
+		e.found(q, id, r, p, k)
+	}
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// readRows runs a statement that selects rowColumns of queue q's ids.
+func (e *engine) readRows(ctx context.Context, db querier, sql, q string, ids []string) (map[string]*row, error) {
+	rows, err := db.Query(ctx, sql, q, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
+	}
+	defer rows.Close()
+	out := make(map[string]*row, len(ids))
+	for rows.Next() {
+		r := &row{}
+		if err := rows.Scan(&r.id, &r.state, &r.version, &r.attempt, &r.maxAttempts, &r.runAt, &r.payload); err != nil {
+			return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
+		}
+		out[r.id] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,110 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayq"
+)
+
+// QueueStats are the counts of one queue in both stores.
+type QueueStats struct {
+	Queue string `json:"queue"`
+	// Postgres counts the outbox rows by state; every state is present.
+	Postgres map[string]int64 `json:"postgres"`
+	// Redis counts, read atomically on the Redis clock.
+	Ready         int64 `json:"redis_ready"`
+	DueNow        int64 `json:"redis_due_now"`
+	Active        int64 `json:"redis_active"`
+	ExpiredLeases int64 `json:"redis_expired_leases"`
+	Dead          int64 `json:"redis_dead"`
+	// OldestPendingAge is how long the oldest due pending row has waited for the
+	// relay since its run time (database clock): the relay lag. 0 when none is due.
+	OldestPendingAge time.Duration `json:"-"`
+	// OldestDueLateness is how long the earliest ready task in Redis has been due
+	// (Redis clock): the worker lag. 0 when none is due.
+	OldestDueLateness time.Duration `json:"-"`
+	OldestPendingMS   int64         `json:"oldest_pending_age_ms"`
+	OldestDueMS       int64         `json:"oldest_due_lateness_ms"`
+}
+
+// States lists the outbox states in their lifecycle order.
+func States() []string {
+	return []string{statePending, stateQueued, stateDone, stateDead, stateCancelled}
+}
+
+// Stats counts each queue (Options.Queues, or every queue of the outbox and of
+// Redis) in Postgres and in Redis. The Postgres counts read every row of the
+// queues: an operator's command, not a metric to scrape often.
+func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]QueueStats, error) {
+	if db == nil || dq == nil {
+		return nil, fmt.Errorf("%w: nil database or Redis client", ErrInvalidOptions)
+	}
+	o, st, err := opts.prepare()
+	if err != nil {
+		return nil, err
+	}
+	qs, err := queuesOf(ctx, db, dq, st, o.Queues)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]QueueStats, len(qs))
+	byQueue := make(map[string]*QueueStats, len(qs))
+	for i, q := range qs {
+		out[i] = QueueStats{Queue: q, Postgres: map[string]int64{}}
+		for _, s := range States() {
+			out[i].Postgres[s] = 0
+		}
+		byQueue[q] = &out[i]
+	}
+	counts, lag := st.stateCounts, st.pendingLag
+	var args []any
+	if o.Queues != nil {
+		counts, lag, args = st.stateCountsQueues, st.pendingLagQueues, []any{qs}
+	}
+	rows, err := db.Query(ctx, counts, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stats: %w", err)
+	}
+	var q, state string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&q, &state, &n}, func() error {
+		if s := byQueue[q]; s != nil {
+			s.Postgres[state] = n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stats: %w", err)
+	}
+	rows, err = db.Query(ctx, lag, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stats: %w", err)
+	}
+	var secs float64
+	_, err = pgx.ForEachRow(rows, []any{&q, &secs}, func() error {
+		if s := byQueue[q]; s != nil && secs > 0 && !math.IsInf(secs, 0) {
+			s.OldestPendingAge = time.Duration(secs * float64(time.Second))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stats: %w", err)
+	}
+	for i := range out {
+		s := &out[i]
+		rs, err := dq.Stats(ctx, s.Queue)
+		if err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+		s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead = rs.Ready, rs.DueNow, rs.Active, rs.ExpiredLeases, rs.Dead
+		s.OldestDueLateness = rs.OldestLateness
+		s.OldestPendingMS = s.OldestPendingAge.Milliseconds()
+		s.OldestDueMS = s.OldestDueLateness.Milliseconds()
+	}
+	return out, nil
+}
