@@ -6,9 +6,9 @@ import "fmt"
 // spliced in.
 type statements struct {
 	queues, count, page, exists, lookup, lock string
-	stateCounts, stateCountsQueues        string
-	pendingLag, pendingLagQueues          string
-	listDead, retryDead, purgeDead        string
+	stateCounts, stateCountsQueues            string
+	pendingLag, pendingLagQueues              string
+	listDead, retryDead, purgeDead            string
 }
 
 // rowColumns are the columns read into a row.
