@@ -1,0 +1,120 @@
+package delayq
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// QueueTasks are the tasks of one queue, for EnqueuePipelined.
+type QueueTasks struct {
+	Queue string
+	Tasks []Task
+}
+
+// ValidateTask checks t as Enqueue would (id, payload size, attempts, version, run
+// time), without touching Redis. The error wraps ErrInvalidTaskID or ErrInvalidTask.
+// The relay uses it to set aside a row Redis would refuse, instead of letting it
+// fail every batch it is in.
+func (c *Client) ValidateTask(t Task) error { return c.checkTask(t) }
+
+// EnqueuePipelined enqueues the tasks of several queues in one pipelined round trip:
+// one enqueue script call per queue and per Config.EnqueueBatch tasks, all sent
+// together (on a Cluster, one pipeline per node). The statuses come back in the
+// shape of batches: out[i][j] is the status of batches[i].Tasks[j].
+//
+// Every queue name and task is validated before anything is sent. The calls are
+// independent: on an error some of them may have been applied. Since an enqueue of
+// an existing task is a duplicate, repeating the whole call is safe.
+//
+// When Redis does not know the script (after a restart or SCRIPT FLUSH), it is
+// loaded and the pipeline sent once more.
+func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([][]EnqueueStatus, error) {
+	type call struct {
+		batch, start, n int
+		keys            []string
+		args            []any
+	}
+	var calls []call
+	for i, b := range batches {
+		k, err := c.Keys(b.Queue)
+		if err != nil {
+			return nil, err
+		}
+		for j, t := range b.Tasks {
+			if err := c.checkTask(t); err != nil {
+				return nil, fmt.Errorf("delayq: enqueue %s: task %d: %w", b.Queue, j, err)
+			}
+		}
+		for start := 0; start < len(b.Tasks); start += c.cfg.EnqueueBatch {
+			part := b.Tasks[start:min(start+c.cfg.EnqueueBatch, len(b.Tasks))]
+			calls = append(calls, call{
+				batch: i, start: start, n: len(part),
+				keys: []string{k.Ready, k.Active, k.TaskPrefix},
+				args: c.enqueueArgs(k, part),
+			})
+		}
+	}
+	out := make([][]EnqueueStatus, len(batches))
+	for i, b := range batches {
+		out[i] = make([]EnqueueStatus, len(b.Tasks))
+	}
+	if len(calls) == 0 {
+		return out, nil
+	}
+
+	send := func() ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(calls))
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, cl := range calls {
+				cmds[i] = c.s.enqueue.EvalSha(ctx, p, cl.keys, cl.args...)
+			}
+			return nil
+		})
+		return cmds, err
+	}
+	cmds, err := send()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if lerr := c.s.enqueue.Load(ctx, c.rdb).Err(); lerr != nil {
+			return nil, fmt.Errorf("delayq: enqueue: load script: %w", lerr)
+		}
+		cmds, err = send()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("delayq: enqueue (%d script calls, pipelined): %w", len(calls), err)
+	}
+	for i, cl := range calls {
+		v, err := cmds[i].Result()
+		if err != nil {
+			return nil, fmt.Errorf("delayq: enqueue %s: %w", batches[cl.batch].Queue, err)
+		}
+		st, err := parseEnqueue(v, cl.n)
+		if err != nil {
+			return nil, err
+		}
+		copy(out[cl.batch][cl.start:], st)
+	}
+	return out, nil
+}
+
+// enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
+func (c *Client) enqueueArgs(k Keys, tasks []Task) []any {
+	args := make([]any, 0, 2+6*len(tasks))
+	args = append(args, k.Wake, len(tasks))
+	for _, t := range tasks {
+		due := "now"
+		if !t.RunAt.IsZero() {
+			due = formatScore(t.RunAt)
+		}
+		maxAtt, ver := t.MaxAttempts, t.Version
+		if maxAtt == 0 {
+			maxAtt = c.cfg.DefaultMaxAttempts
+		}
+		if ver == 0 {
+			ver = 1
+		}
+		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver)
+	}
+	return args
+}
