@@ -1,0 +1,189 @@
+package relay
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
+)
+
+// Defaults of Config.
+const (
+	DefaultHorizon           = time.Hour
+	DefaultBatchSize         = 1000
+	DefaultPollInterval      = 5 * time.Second
+	DefaultReapInterval      = time.Second
+	DefaultReapBatch         = 1000
+	DefaultRetention         = 7 * 24 * time.Hour
+	DefaultRetentionBatch    = 1000
+	DefaultRetentionInterval = time.Minute
+	DefaultStatsInterval     = 15 * time.Second
+	DefaultQueueRefresh      = 30 * time.Second
+	DefaultBackoffMin        = 100 * time.Millisecond
+	DefaultBackoffMax        = 5 * time.Second
+	DefaultRoundTimeout      = 30 * time.Second
+)
+
+// Config configures a Relay. The zero value means every default. Durations that
+// can be turned off take -1 for "off".
+type Config struct {
+	// Schema holds the outbox table (as given to package migrations). Default
+	// "public".
+	Schema string
+	// NotifyChannel is the channel the producers notify at commit (outbox
+	// Config.NotifyChannel). Default "delayq_outbox".
+	NotifyChannel string
+
+	// Queues limits the relay, and its reaper, to these queues. Default: every
+	// queue. The reaper then discovers the queues from Postgres (those with queued
+	// rows, refreshed every QueueRefresh) and from the rows it relays.
+	Queues []string
+	// QueueRefresh is how often the discovered queue list is read again. Default
+	// 30s.
+	QueueRefresh time.Duration
+
+	// Horizon: rows due within it are moved to Redis; later ones wait in Postgres,
+	// so Redis memory follows the near-term load. Default 1h. It also bounds how
+	// late a Redis failover can make a task that reconcile has not restored.
+	Horizon time.Duration
+	// BatchSize is the most rows one round moves (1..10,000). A full round is
+	// followed by the next at once, so a backlog drains at full speed. Default 1000.
+	BatchSize int
+	// PollInterval is the longest wait between rounds, the backstop against lost
+	// notifications. Between rounds the relay waits for a notification at commit,
+	// or until the next pending row comes within the horizon. Default 5s.
+	PollInterval time.Duration
+	// RoundTimeout bounds one round (select, Redis write, update, commit). A round
+	// in hand is finished, not abandoned, when Run's context ends. Default 30s.
+	RoundTimeout time.Duration
+
+	// ReapInterval is how often expired leases are taken back (tasks of crashed or
+	// stuck workers). Default 1s; -1 turns the reaper off (another process reaps).
+	ReapInterval time.Duration
+	// ReapBatch is the most leases one Reap call takes back per queue (1..10,000);
+	// a full one is followed by the next at once. Default 1000.
+	ReapBatch int
+
+	// Retention is how long done and cancelled rows are kept after they finished:
+	// the idempotency window of the outbox. Dead rows are never deleted here; they
+	// wait for a person. Default 7 days; -1 keeps every row.
+	Retention time.Duration
+	// RetentionBatch is the most rows one delete removes (each its own short
+	// transaction). Default 1000.
+	RetentionBatch int
+	// RetentionInterval is how often finished rows are pruned. Default 1m.
+	RetentionInterval time.Duration
+
+	// StatsInterval is how often the outbox depth and the relay lag gauges are
+	// refreshed (the lag also after every round that is not full). Default 15s;
+	// -1 turns the refresh off.
+	StatsInterval time.Duration
+
+	// BackoffMin and BackoffMax bound the jittered exponential backoff after an
+	// error (Postgres or Redis down). Defaults 100ms and 5s.
+	BackoffMin, BackoffMax time.Duration
+
+	// Logger receives state changes (a server down, up again) and errors; nothing
+	// per row or per round. Default: discard.
+	Logger *slog.Logger
+	// Registerer gets the relay's Prometheus collectors (see Metrics). Default nil:
+	// the metrics are kept but not registered.
+	Registerer prometheus.Registerer
+
+	// afterEnqueue, when set (by tests), runs after the Redis write and before the
+	// commit of a round; an error it returns aborts the round.
+	afterEnqueue func() error
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	if c.Schema == "" {
+		c.Schema = outbox.DefaultSchema
+	}
+	if c.NotifyChannel == "" {
+		c.NotifyChannel = outbox.DefaultNotifyChannel
+	}
+	def(&c.QueueRefresh, DefaultQueueRefresh)
+	def(&c.Horizon, DefaultHorizon)
+	defInt(&c.BatchSize, DefaultBatchSize)
+	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.RoundTimeout, DefaultRoundTimeout)
+	def(&c.ReapInterval, DefaultReapInterval)
+	defInt(&c.ReapBatch, DefaultReapBatch)
+	def(&c.Retention, DefaultRetention)
+	defInt(&c.RetentionBatch, DefaultRetentionBatch)
+	def(&c.RetentionInterval, DefaultRetentionInterval)
+	def(&c.StatsInterval, DefaultStatsInterval)
+	def(&c.BackoffMin, DefaultBackoffMin)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	positive := func(name string, d time.Duration, canBeOff bool) error {
+		if d > 0 || canBeOff && d == -1 {
+			return nil
+		}
+		if canBeOff {
+			return bad("%s %v: must be positive, or -1 for off", name, d)
+		}
+		return bad("%s %v: must be positive", name, d)
+	}
+	for _, q := range c.Queues {
+		if err := validate.Queue(q); err != nil {
+			return fmt.Errorf("%w: Queues: %w", ErrInvalidConfig, err)
+		}
+	}
+	for _, p := range []struct {
+		name     string
+		d        time.Duration
+		canBeOff bool
+	}{
+		{"QueueRefresh", c.QueueRefresh, false},
+		{"Horizon", c.Horizon, false},
+		{"PollInterval", c.PollInterval, false},
+		{"RoundTimeout", c.RoundTimeout, false},
+		{"ReapInterval", c.ReapInterval, true},
+		{"Retention", c.Retention, true},
+		{"RetentionInterval", c.RetentionInterval, false},
+		{"StatsInterval", c.StatsInterval, true},
+		{"BackoffMin", c.BackoffMin, false},
+		{"BackoffMax", c.BackoffMax, false},
+	} {
+		if err := positive(p.name, p.d, p.canBeOff); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return bad("BatchSize %d: 1..10000", c.BatchSize)
+	case c.ReapBatch < 1 || c.ReapBatch > 10000:
+		return bad("ReapBatch %d: 1..10000", c.ReapBatch)
+	case c.RetentionBatch < 1 || c.RetentionBatch > 100000:
+		return bad("RetentionBatch %d: 1..100000", c.RetentionBatch)
+	case c.BackoffMax < c.BackoffMin:
+		return bad("BackoffMax %v below BackoffMin %v", c.BackoffMax, c.BackoffMin)
+	}
+	return nil
+}

@@ -1,0 +1,355 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/outbox"
+)
+
+// Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
+// finished rows. Create it with New and start it with Run.
+type Relay struct {
+	pool    *pgxpool.Pool
+	dq      *delayq.Client
+	cfg     Config
+	sql     statements
+	table   string
+	metrics *Metrics
+
+	pg, rd *health // state of the two servers, for logs once per change
+
+	started atomic.Bool
+	wake    chan struct{} // a notification arrived (buffer 1: a flag)
+
+	queuesMu  sync.Mutex
+	seen      map[string]bool // queues relayed since the last refresh
+	known     []string        // queues the reaper visits
+	refreshed time.Time
+}
+
+// New returns a Relay on pool (the outbox database) and dq (the Redis side). cfg is
+// completed with WithDefaults and validated; the metrics are registered on
+// cfg.Registerer.
+func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
+	if pool == nil || dq == nil {
+		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ob, err := outbox.New(outbox.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	r := &Relay{
+		pool:    pool,
+		dq:      dq,
+		cfg:     cfg,
+		table:   ob.Table(),
+		sql:     newStatements(ob.Table()),
+		metrics: newMetrics(),
+		wake:    make(chan struct{}, 1),
+		seen:    make(map[string]bool),
+		known:   slices.Clone(cfg.Queues),
+	}
+	r.pg = newHealth("PostgreSQL", cfg.Logger)
+	r.rd = newHealth("Redis", cfg.Logger)
+	if err := r.metrics.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Config returns the effective configuration (defaults applied).
+func (r *Relay) Config() Config { return r.cfg }
+
+// Run relays, reaps and prunes until ctx ends, then returns nil after finishing
+// the round in hand (committed or rolled back, never left half done). Errors of
+// the servers do not end it: it backs off with jitter, logs once when a server
+// goes down and once when it is back, and resumes by itself. It returns an error
+// only when called twice.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	var wg sync.WaitGroup
+	loops := []func(context.Context){r.relayLoop, r.listenLoop}
+	if r.cfg.ReapInterval > 0 {
+		loops = append(loops, r.reapLoop)
+	}
+	if r.cfg.Retention > 0 {
+		loops = append(loops, r.retentionLoop)
+	}
+	if r.cfg.StatsInterval > 0 {
+		loops = append(loops, r.statsLoop)
+	}
+	for _, loop := range loops {
+		wg.Go(func() { loop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// relayLoop runs rounds: at once after a full one, else after a notification, when
+// the next pending row comes within the horizon, or after the poll interval.
+func (r *Relay) relayLoop(ctx context.Context) {
+	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
+	for ctx.Err() == nil {
+		n, err := r.round(ctx)
+		if err != nil {
+			if !sleep(ctx, bo.next()) {
+				return
+			}
+			continue
+		}
+		bo.reset()
+		if n == r.cfg.BatchSize {
+			continue
+		}
+		wait := r.cfg.PollInterval
+		if d, err := r.untilNext(ctx); err == nil && d < wait {
+			wait = d
+		}
+		if wait <= 0 {
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// row is one outbox row of a round.
+type row struct {
+	queue, id   string
+	runAt       time.Time
+	payload     []byte
+	attempt     int32
+	maxAttempts int32
+	version     int32
+}
+
+// round moves one batch: select and lock due rows, enqueue them in Redis in one
+// pipelined round trip, mark them queued, commit. It returns the number of rows
+// selected. On an error nothing is committed: the rows stay pending and the next
+// round moves them again, which Redis reports as duplicates.
+func (r *Relay) round(ctx context.Context) (int, error) {
+	// The round in hand is finished even when ctx ends.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RoundTimeout)
+	defer cancel()
+	start := time.Now()
+
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return 0, r.pgErr(errPostgres, "begin", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+
+	var rowsRes pgx.Rows
+	if len(r.cfg.Queues) > 0 {
+		rowsRes, err = tx.Query(ctx, r.sql.selectDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+	} else {
+		rowsRes, err = tx.Query(ctx, r.sql.selectDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+	}
+	if err != nil {
+		return 0, r.pgErr(errPostgres, "select due rows", err)
+	}
+	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
+		var x row
+		err := s.Scan(&x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version)
+		return x, err
+	})
+	if err != nil {
+		return 0, r.pgErr(errPostgres, "select due rows", err)
+	}
+	r.pg.ok()
+	if len(rows) == 0 {
+		return 0, nil
+	}
+
+	// Group by queue, keeping run_at order; set aside rows Redis would refuse.
+	var (
+		batches            []delayq.QueueTasks
+		byQueue            = map[string]int{}
+		okQ, okID          = make([]string, 0, len(rows)), make([]string, 0, len(rows))
+		badQ, badID, badEr []string
+	)
+	for _, x := range rows {
+		t := delayq.Task{
+			ID: x.id, Payload: x.payload, RunAt: x.runAt,
+			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
+		}
+		if err := r.dq.ValidateTask(t); err != nil {
+			badQ, badID = append(badQ, x.queue), append(badID, x.id)
+			badEr = append(badEr, cutError("relay: Redis refuses the task: "+err.Error()))
+			continue
+		}
+		i, ok := byQueue[x.queue]
+		if !ok {
+			i = len(batches)
+			byQueue[x.queue] = i
+			batches = append(batches, delayq.QueueTasks{Queue: x.queue})
+		}
+		batches[i].Tasks = append(batches[i].Tasks, t)
+		okQ, okID = append(okQ, x.queue), append(okID, x.id)
+	}
+
+	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
+	if err != nil {
+		return 0, r.redisErr(errRedis, "enqueue", err)
+	}
+	r.rd.ok()
+	if r.cfg.afterEnqueue != nil {
+		if err := r.cfg.afterEnqueue(); err != nil {
+			return 0, r.pgErr(errPostgres, "after enqueue", fmt.Errorf("%w: %w", errHook, err))
+		}
+	}
+	if len(okQ) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markQueued, okQ, okID); err != nil {
+			return 0, r.pgErr(errPostgres, "mark queued", err)
+		}
+	}
+	if len(badQ) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markInvalid, badQ, badID, badEr); err != nil {
+			return 0, r.pgErr(errPostgres, "mark invalid rows dead", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, r.pgErr(errPostgres, "commit", err)
+	}
+
+	var added, dup, repl int
+	for _, st := range statuses {
+		for _, s := range st {
+			switch s {
+			case delayq.Added:
+				added++
+			case delayq.Duplicate:
+				dup++
+			case delayq.Replaced:
+				repl++
+			}
+		}
+	}
+	m := r.metrics
+	m.rows.WithLabelValues("added").Add(float64(added))
+	m.rows.WithLabelValues("duplicate").Add(float64(dup))
+	m.rows.WithLabelValues("replaced").Add(float64(repl))
+	m.rows.WithLabelValues("invalid").Add(float64(len(badQ)))
+	m.batch.Observe(time.Since(start).Seconds())
+	if len(badQ) > 0 {
+		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(badQ),
+			"first", badQ[0]+"/"+badID[0], "error", badEr[0])
+	}
+	r.sawQueues(batches)
+	return len(rows), nil
+}
+
+// untilNext returns how long until the next pending row comes within the
+// horizon (the poll interval when there is none), and refreshes the lag gauge.
+func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
+	var (
+		next *time.Time
+		now  time.Time
+		err  error
+	)
+	if len(r.cfg.Queues) > 0 {
+		err = r.pool.QueryRow(ctx, r.sql.nextDueQueues, r.cfg.Queues).Scan(&next, &now)
+	} else {
+		err = r.pool.QueryRow(ctx, r.sql.nextDue).Scan(&next, &now)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			r.pgErr(errPostgres, "next due row", err) //nolint:errcheck // counted and logged
+		}
+		return 0, err
+	}
+	if next == nil {
+		r.metrics.lag.Set(0)
+		return r.cfg.PollInterval, nil
+	}
+	r.metrics.lag.Set(max(0, now.Sub(*next).Seconds()))
+	// Rows within the horizon but locked by another relay look due now; waiting
+	// at least a little keeps this loop from spinning on them.
+	return max(next.Sub(now)-r.cfg.Horizon, r.cfg.BackoffMin), nil
+}
+
+// sawQueues records the queues a round relayed, for the reaper.
+func (r *Relay) sawQueues(batches []delayq.QueueTasks) {
+	if len(r.cfg.Queues) > 0 {
+		return
+	}
+	r.queuesMu.Lock()
+	defer r.queuesMu.Unlock()
+	for _, b := range batches {
+		if !r.seen[b.Queue] {
+			r.seen[b.Queue] = true
+			if !slices.Contains(r.known, b.Queue) {
+				r.known = append(r.known, b.Queue)
+			}
+		}
+	}
+}
+
+// queues returns the queues the reaper visits: Config.Queues, or those with
+// queued rows (read again every QueueRefresh) and those relayed since.
+func (r *Relay) queues(ctx context.Context) ([]string, error) {
+	if len(r.cfg.Queues) > 0 {
+		return r.cfg.Queues, nil
+	}
+	r.queuesMu.Lock()
+	fresh := !r.refreshed.IsZero() && time.Since(r.refreshed) < r.cfg.QueueRefresh
+	known := slices.Clone(r.known)
+	r.queuesMu.Unlock()
+	if fresh {
+		return known, nil
+	}
+	rows, err := r.pool.Query(ctx, r.sql.queues)
+	if err != nil {
+		return known, err
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return known, err
+	}
+	r.queuesMu.Lock()
+	defer r.queuesMu.Unlock()
+	for q := range r.seen {
+		if !slices.Contains(found, q) {
+			found = append(found, q)
+		}
+	}
+	clear(r.seen)
+	slices.Sort(found)
+	r.known = found
+	r.refreshed = time.Now()
+	return slices.Clone(found), nil
+}
+
+// cutError keeps an error summary within the outbox's limit, on a rune boundary.
+func cutError(s string) string {
+	if len(s) <= outbox.MaxErrorBytes {
+		return s
+	}
+	s = s[:outbox.MaxErrorBytes]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return strings.ToValidUTF8(s, "")
+}
