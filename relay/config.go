@@ -137,7 +137,14 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Validate reports whether c, with its defaults, is a valid configuration (New
+// does the same), so a command can reject bad flags before it connects.
+func (c Config) Validate() error { return c.WithDefaults().validate() }
+
 func (c Config) validate() error {
+	if _, err := outbox.New(outbox.Config{Schema: c.Schema, NotifyChannel: c.NotifyChannel}); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}

@@ -51,7 +51,7 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 	}
 	ob, err := outbox.New(outbox.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err) // checked by validate already
 	}
 	r := &Relay{
 		pool:    pool,
@@ -74,6 +74,19 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 
 // Config returns the effective configuration (defaults applied).
 func (r *Relay) Config() Config { return r.cfg }
+
+// CheckOutbox reports ErrNoOutbox when the outbox table does not exist, so a
+// command can stop with a clear message instead of retrying.
+func (r *Relay) CheckOutbox(ctx context.Context) error {
+	var found bool
+	if err := r.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.table).Scan(&found); err != nil {
+		return fmt.Errorf("relay: look for the outbox table: %w", err)
+	}
+	if !found {
+		return fmt.Errorf("%w: %s (run the migrations: delayq migrate up)", ErrNoOutbox, r.table)
+	}
+	return nil
+}
 
 // Run relays, reaps and prunes until ctx ends, then returns nil after finishing
 // the round in hand (committed or rolled back, never left half done). Errors of
