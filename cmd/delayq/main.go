@@ -53,6 +53,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
+		"relay":   {"run the relay sidecar: outbox rows to Redis, lease reaper, retention, /metrics", runRelay},
 		"bench":   {"run the benchmark workloads and print their figures", runBench},
 		"demo":    {"run the whole system end to end on throwaway servers and report", runDemo},
 	}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/sidecar"
+	"github.com/delayq/delayq/relay"
+)
+
+func runRelay(ctx context.Context, m *Main, args []string) error {
+	var (
+		conn         connFlags
+		horizon      time.Duration
+		batch        int
+		pollInterval time.Duration
+		reapInterval time.Duration
+		retention    time.Duration
+		listen       string
+		queues       string
+		logFormat    string
+		logLevel     string
+	)
+	fs := newFlagSet(m, "relay", "relay [flags]",
+		"  DATABASE_URL=postgres://app@db/app REDIS_URL=redis://cache:6379 delayq relay\n"+
+			"  delayq relay --horizon 10m --listen :9090 --log-format json\n"+
+			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n")
+	conn.register(fs, m, true, true)
+	fs.DurationVar(&horizon, "horizon", relay.DefaultHorizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
+	fs.IntVar(&batch, "batch", relay.DefaultBatchSize, "most rows one round moves (1..10000)")
+	fs.DurationVar(&pollInterval, "poll-interval", relay.DefaultPollInterval, "longest wait between rounds, the backstop for missed notifications")
+	fs.DurationVar(&reapInterval, "reap-interval", relay.DefaultReapInterval, "how often expired leases are taken back; 0 turns the reaper off")
+	fs.DurationVar(&retention, "retention", relay.DefaultRetention, "delete done and cancelled rows this long after they finished; 0 keeps them")
+	fs.StringVar(&listen, "listen", sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
+	fs.StringVar(&queues, "queues", "", "comma-separated queues to relay and reap (default: all)")
+	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+
+	logger, err := newLogger(m, logFormat, logLevel)
+	if err != nil {
+		return err
+	}
+	cfg := relay.Config{
+		Schema:       conn.schema,
+		Horizon:      horizon,
+		BatchSize:    batch,
+		PollInterval: pollInterval,
+		ReapInterval: offIfZero(reapInterval),
+		Retention:    offIfZero(retention),
+		Logger:       logger,
+	}
+	if queues != "" {
+		for q := range strings.SplitSeq(queues, ",") {
+			if q = strings.TrimSpace(q); q != "" {
+				cfg.Queues = append(cfg.Queues, q)
+			}
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"horizon", horizon}, {"poll-interval", pollInterval}, {"reap-interval", reapInterval}, {"retention", retention}} {
+		if d.v < 0 || d.v == 0 && (d.name == "horizon" || d.name == "poll-interval") {
+			return usagef("--%s %v: must be positive", d.name, d.v)
+		}
+	}
+	if batch < 1 || batch > 10000 {
+		return usagef("--batch %d: 1..10000", batch)
+	}
+	if err := cfg.Validate(); err != nil {
+		return usagef("%s", strings.TrimPrefix(err.Error(), relay.ErrInvalidConfig.Error()+": "))
+	}
+
+	pool, err := conn.openPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// go-redis logs every failed dial; the relay logs an outage once instead.
+	redis.SetLogger(quietRedisLogger{logger})
+	rdb, err := conn.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	dq, err := delayq.New(rdb, delayq.Config{Prefix: conn.prefix, Logger: logger})
+	if err != nil {
+		return usagef("%v", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	rl, err := relay.New(pool, dq, cfg)
+	if err != nil {
+		return err
+	}
+	if err := rl.CheckOutbox(ctx); err != nil {
+		return err
+	}
+
+	var admin *sidecar.Server
+	if listen != "" {
+		admin, err = sidecar.Start(sidecar.Config{
+			Addr:     listen,
+			Gatherer: reg,
+			Checks:   []sidecar.Check{sidecar.PostgresCheck(pool), sidecar.RedisCheck(rdb)},
+			Logger:   logger,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	eff := rl.Config()
+	logger.Info("relay: started",
+		"database", redactURL(conn.databaseURL), "redis", redactURL(conn.redisURL),
+		"schema", eff.Schema, "prefix", conn.prefix, "queues", queuesOrAll(eff.Queues),
+		"horizon", eff.Horizon.String(), "batch", eff.BatchSize, "admin", adminAddr(admin))
+
+	runErr := rl.Run(ctx)
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := admin.Shutdown(sctx); err != nil && runErr == nil {
+			runErr = fmt.Errorf("admin server shutdown: %w", err)
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	logger.Info("relay: stopped")
+	return nil
+}
+
+// offIfZero maps a flag's 0 ("off") to the Config's -1.
+func offIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+func queuesOrAll(qs []string) string {
+	if len(qs) == 0 {
+		return "all"
+	}
+	return strings.Join(qs, ",")
+}
+
+func adminAddr(s *sidecar.Server) string {
+	if s == nil {
+		return "off"
+	}
+	return "http://" + s.Addr()
+}
+
+// newLogger makes the process logger on standard error.
+func newLogger(m *Main, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(m.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(m.Stderr, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", format)
+}
+
+// quietRedisLogger sends go-redis's own messages (a failed dial, a reconnect)
+// to the debug level.
+type quietRedisLogger struct{ log *slog.Logger }
+
+func (l quietRedisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
+}
