@@ -88,6 +88,13 @@ func (o Options) validate() error {
 	return nil
 }
 
+// Validate reports whether o (with the defaults applied) is valid, without
+// touching a server. The error wraps ErrInvalidOptions.
+func (o Options) Validate() error {
+	_, _, err := o.prepare()
+	return err
+}
+
 // prepare applies the defaults, validates and builds the statements.
 func (o Options) prepare() (Options, statements, error) {
 	o = o.WithDefaults()
