@@ -56,6 +56,15 @@ func commands() map[string]command {
 		"relay":   {"run the relay sidecar: outbox rows to Redis, lease reaper, retention, /metrics", runRelay},
 		"bench":   {"run the benchmark workloads and print their figures", runBench},
 		"demo":    {"run the whole system end to end on throwaway servers and report", runDemo},
+
+		// Operator commands on both stores (relay/reconcile).
+		"reconcile":  {"compare Postgres with Redis and rebuild Redis from Postgres (--dry-run to look only)", runReconcile},
+		"check":      {"list every inconsistency between Postgres and Redis; exit 1 if any", runCheck},
+		"stats":      {"per queue: outbox rows by state, Redis ready/due/active/dead, lags", runStats},
+		"dead":       {"list, retry or purge dead tasks in both stores", runDead},
+		"enqueue":    {"enqueue a task into the outbox from the command line", runEnqueue},
+		"cancel":     {"cancel a pending or queued task", runCancel},
+		"reschedule": {"move a pending or queued task to a new run time", runReschedule},
 	}
 }
 

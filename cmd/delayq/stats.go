@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/delayq/delayq/relay/reconcile"
+)
+
+func runStats(ctx context.Context, m *Main, args []string) error {
+	var conn connFlags
+	var queues queueList
+	fs := newFlagSet(m, "stats", "stats [flags]",
+		"  delayq stats                            # every queue, as a table\n"+
+			"  delayq stats --queue payment --json     # one queue, as JSON\n\n"+
+			"Columns: outbox rows by state (Postgres); READY (due or not), DUE (due now),\n"+
+			"ACTIVE (leased), EXPIRED (leases past their deadline, for the reaper) and R-DEAD\n"+
+			"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n"+
+			"relay; LATENESS: how long the earliest ready task has been due (worker lag).\n"+
+			"The Postgres counts read every row of the queues.\n")
+	conn.register(fs, m, true, true)
+	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
+	asJSON := fs.Bool("json", false, "print the figures as JSON")
+	if err := parseArgs(fs, args, 0); err != nil {
+		return err
+	}
+	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema}
+	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	st, err := reconcile.Stats(ctx, pool, dq, opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if st == nil {
+			st = []reconcile.QueueStats{}
+		}
+		return writeJSON(m.Stdout, st)
+	}
+	if len(st) == 0 {
+		fmt.Fprintln(m.Stdout, "no queues")
+		return nil
+	}
+	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS\t")
+	for _, s := range st {
+		p := s.Postgres
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", s.Queue,
+			p["pending"], p["queued"], p["done"], p["dead"], p["cancelled"],
+			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead,
+			age(s.OldestPendingAge), age(s.OldestDueLateness))
+	}
+	return tw.Flush()
+}
+
+// age prints a lag for a table: "-" for none, else rounded to what matters.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
