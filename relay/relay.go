@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
@@ -150,6 +151,7 @@ func (r *Relay) relayLoop(ctx context.Context) {
 
 // row is one outbox row of a round.
 type row struct {
+	ctid        pgtype.TID
 	queue, id   string
 	runAt       time.Time
 	payload     []byte
@@ -185,7 +187,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
 		var x row
-		err := s.Scan(&x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version)
+		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version)
 		return x, err
 	})
 	if err != nil {
@@ -198,10 +200,11 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 
 	// Group by queue, keeping run_at order; set aside rows Redis would refuse.
 	var (
-		batches            []delayq.QueueTasks
-		byQueue            = map[string]int{}
-		okQ, okID          = make([]string, 0, len(rows)), make([]string, 0, len(rows))
-		badQ, badID, badEr []string
+		batches      []delayq.QueueTasks
+		byQueue      = map[string]int{}
+		queued       = make([]pgtype.TID, 0, len(rows))
+		bad          []pgtype.TID
+		badID, badEr []string
 	)
 	for _, x := range rows {
 		t := delayq.Task{
@@ -209,7 +212,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
 		}
 		if err := r.dq.ValidateTask(t); err != nil {
-			badQ, badID = append(badQ, x.queue), append(badID, x.id)
+			bad, badID = append(bad, x.ctid), append(badID, x.queue+"/"+x.id)
 			badEr = append(badEr, cutError("relay: Redis refuses the task: "+err.Error()))
 			continue
 		}
@@ -220,7 +223,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			batches = append(batches, delayq.QueueTasks{Queue: x.queue})
 		}
 		batches[i].Tasks = append(batches[i].Tasks, t)
-		okQ, okID = append(okQ, x.queue), append(okID, x.id)
+		queued = append(queued, x.ctid)
 	}
 
 	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
@@ -233,13 +236,13 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			return 0, r.pgErr(errPostgres, "after enqueue", fmt.Errorf("%w: %w", errHook, err))
 		}
 	}
-	if len(okQ) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markQueued, okQ, okID); err != nil {
+	if len(queued) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markQueued, queued); err != nil {
 			return 0, r.pgErr(errPostgres, "mark queued", err)
 		}
 	}
-	if len(badQ) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markInvalid, badQ, badID, badEr); err != nil {
+	if len(bad) > 0 {
+		if _, err := tx.Exec(ctx, r.sql.markInvalid, bad, badEr); err != nil {
 			return 0, r.pgErr(errPostgres, "mark invalid rows dead", err)
 		}
 	}
@@ -264,11 +267,11 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	m.rows.WithLabelValues("added").Add(float64(added))
 	m.rows.WithLabelValues("duplicate").Add(float64(dup))
 	m.rows.WithLabelValues("replaced").Add(float64(repl))
-	m.rows.WithLabelValues("invalid").Add(float64(len(badQ)))
+	m.rows.WithLabelValues("invalid").Add(float64(len(bad)))
 	m.batch.Observe(time.Since(start).Seconds())
-	if len(badQ) > 0 {
-		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(badQ),
-			"first", badQ[0]+"/"+badID[0], "error", badEr[0])
+	if len(bad) > 0 {
+		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(bad),
+			"first", badID[0], "error", badEr[0])
 	}
 	r.sawQueues(batches)
 	return len(rows), nil

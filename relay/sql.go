@@ -18,7 +18,9 @@ func newStatements(table string) statements {
 	// selectDue takes the batch of a round: $1 horizon in µs, $2 limit. The index
 	// delayq_outbox_pending_run_at_idx serves it in run_at order; rows locked by
 	// another relay are skipped, so relays side by side share the work.
-	const selectDue = `SELECT queue, task_id, run_at, payload, attempt, max_attempts, version
+	// ctid identifies each row for the UPDATE of the same round: the row lock
+	// keeps it valid, and a TID scan is the cheapest way back to the row.
+	const selectDue = `SELECT ctid, queue, task_id, run_at, payload, attempt, max_attempts, version
 FROM %s
 WHERE state = 'pending' AND run_at < now() + $1::bigint * interval '1 microsecond'%s
 ORDER BY run_at
@@ -33,18 +35,17 @@ FOR UPDATE SKIP LOCKED`
 		nextDue:         fmt.Sprintf(nextDue, table, ""),
 		nextDueQueues:   fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 
-		// $1 queues, $2 task ids: the rows of the round, locked by it.
-		markQueued: fmt.Sprintf(`UPDATE %s AS o
+		// $1 ctids of the round's rows. The round's lock keeps them pending, so
+		// ctid alone names them: a TID scan, however many rows are pending.
+		markQueued: fmt.Sprintf(`UPDATE %s
 SET state = 'queued', queued_at = now()
-FROM unnest($1::text[], $2::text[]) AS u(queue, task_id)
-WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.state = 'pending'`, table),
+WHERE ctid = ANY($1::tid[])`, table),
 
-		// $1 queues, $2 task ids, $3 errors: rows of the round Redis would refuse
-		// (a payload over its limit); they wait for a person like any dead task.
-		markInvalid: fmt.Sprintf(`UPDATE %s AS o
-SET state = 'dead', last_error = u.err, done_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[]) AS u(queue, task_id, err)
-WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.state = 'pending'`, table),
+		// $1 ctids, $2 errors: rows of the round Redis would refuse (a payload over
+		// its limit); they wait for a person like any dead task.
+		markInvalid: fmt.Sprintf(`UPDATE %s
+SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now()
+WHERE ctid = ANY($1::tid[])`, table),
 
 		// $1 queues, $2 task ids, $3 versions, $4 attempts, $5 errors: tasks the
 		// reaper declared dead in Redis. The guard leaves finished rows and newer
@@ -74,17 +75,18 @@ SELECT queue FROM q WHERE queue IS NOT NULL`, table),
 		depthFinished: fmt.Sprintf(`SELECT state, count(*) FROM %s WHERE done_at IS NOT NULL GROUP BY state`, table),
 
 		// $1 retention in µs, $2 batch. One short statement (its own transaction)
-		// per batch, in done_at order on delayq_outbox_done_at_idx; rows locked by
-		// someone else are left for the next batch.
-		prune: fmt.Sprintf(`DELETE FROM %[1]s AS o
-USING (
-	SELECT queue, task_id FROM %[1]s
+		// per batch: the rows are found in done_at order on
+		// delayq_outbox_done_at_idx, locked (rows locked by someone else are left for
+		// the next batch), and deleted by ctid, a TID scan; the locks keep the ctids
+		// valid until the delete.
+		prune: fmt.Sprintf(`DELETE FROM %[1]s
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
 	WHERE done_at IS NOT NULL AND done_at < now() - $1::bigint * interval '1 microsecond'
 	  AND state IN ('done', 'cancelled')
 	ORDER BY done_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
-) AS d
-WHERE o.queue = d.queue AND o.task_id = d.task_id`, table),
+))`, table),
 	}
 }

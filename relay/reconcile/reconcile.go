@@ -280,13 +280,14 @@ func (e *engine) walkRedis(ctx context.Context, q string) error {
 		if err != nil {
 			return fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
-		have, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
+		have := make(map[string]bool, len(ids))
+		var id string
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { have[id] = true; return nil }); err != nil {
 			return fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
 		var orphans []string
 		for _, id := range ids {
-			if !slices.Contains(have, id) {
+			if !have[id] {
 				orphans = append(orphans, id)
 				examined[id] = true
 			}

@@ -1,0 +1,59 @@
+package reconcile
+
+import (
+	"testing"
+	"time"
+
+	"github.com/delayq/delayq/delayq"
+)
+
+// TestClassify covers the decisions the scenario tests do not reach.
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	queued := &row{state: stateQueued, version: 2, attempt: 1, maxAttempts: 3}
+	for _, c := range []struct {
+		name string
+		r    *row
+		p    delayq.Probe
+		kind Kind
+		op   delayq.RepairOp
+	}{
+		{"ready in two ZSETs", queued, delayq.Probe{State: delayq.StateReady, Version: 2, InReady: true, InDead: true},
+			StatusMismatch, delayq.RepairRestore},
+		{"active also in ready keeps its lease", queued, delayq.Probe{State: delayq.StateActive, Version: 2, InReady: true, InActive: true},
+			StatusMismatch, delayq.RepairExpire},
+		{"active without its member", queued, delayq.Probe{State: delayq.StateActive, Version: 2},
+			HashWithoutMember, delayq.RepairExpire},
+		{"done with a member", &row{state: stateDone}, delayq.Probe{State: delayq.StateDone, InReady: true},
+			StatusMismatch, delayq.RepairRemove},
+		{"dead in both, not in the dead ZSET", &row{state: stateDead}, delayq.Probe{State: delayq.StateDead},
+			HashWithoutMember, delayq.RepairRemove},
+		{"dead in Redis, no time of death", queued, delayq.Probe{State: delayq.StateDead, Version: 2},
+			DeadInRedis, delayq.RepairRestore},
+		{"newer version in Redis", queued, delayq.Probe{State: delayq.StateReady, Version: 3, InReady: true},
+			VersionMismatch, delayq.RepairRestore},
+		{"cancelled with a done record", &row{state: stateCancelled}, delayq.Probe{State: delayq.StateDone}, "", 0},
+		{"no row, done record", nil, delayq.Probe{State: delayq.StateDone}, "", 0},
+		{"no row, nothing", nil, delayq.Probe{}, "", 0},
+	} {
+		v := classify(c.r, c.p, now, time.Minute)
+		if v.kind != c.kind || v.op != c.op {
+			t.Errorf("%s: %q %v, want %q %v", c.name, v.kind, v.op, c.kind, c.op)
+		}
+	}
+	// Restores keep the larger attempt count, but leave the task a run.
+	for _, c := range []struct {
+		p    delayq.Probe
+		want int
+	}{
+		{delayq.Probe{Version: 2, Attempt: 2}, 2},
+		{delayq.Probe{Version: 2, Attempt: 9}, 2},
+		{delayq.Probe{Version: 1, Attempt: 2}, 1},
+		{delayq.Probe{}, 1},
+	} {
+		if got := restoreTask(queued, c.p).Attempt; got != c.want {
+			t.Errorf("restore attempt with %+v: %d, want %d", c.p, got, c.want)
+		}
+	}
+}
