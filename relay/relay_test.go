@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -656,5 +658,53 @@ func TestPostgresRestart(t *testing.T) {
 	}
 	if n := logs.count("PostgreSQL error"); n != 0 {
 		t.Errorf("%d 'PostgreSQL error' logs: the outage was not recognized as one", n)
+	}
+}
+
+// On a Redis Cluster the pipelined round splits by node: queues in different
+// slots all arrive, and a second relay round after an injected failure still
+// finds them once.
+func TestRedisCluster(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts six Redis nodes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, err := tempserver.StartRedisCluster(ctx, 3)
+	if err != nil {
+		t.Skipf("no Redis Cluster here: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := newBundle(t, rdb, "dq")
+
+	var tasks []outbox.Task
+	queues := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}
+	for _, q := range queues {
+		for i := range 50 {
+			tasks = append(tasks, task(q, fmt.Sprintf("t%02d", i)))
+		}
+	}
+	b.enqueue(t, tasks...)
+	var fail atomic.Bool
+	fail.Store(true)
+	cfg := relay.WithAfterEnqueue(relay.Config{BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
+		func() error {
+			if fail.CompareAndSwap(true, false) {
+				return errors.New("injected")
+			}
+			return nil
+		})
+	rl := b.start(t, cfg)
+	b.waitStates(t, 20*time.Second, map[string]int{"queued": len(tasks)})
+	for _, q := range queues {
+		if got := b.ready(t, q); len(got) != 50 {
+			t.Errorf("%s: %d tasks in the cluster, want 50", q, len(got))
+		}
+	}
+	if d := rl.metric(t, "delayq_relay_rows_total", "result", "duplicate"); d != float64(len(tasks)) {
+		t.Errorf("duplicates on the second round = %v, want %d", d, len(tasks))
 	}
 }
