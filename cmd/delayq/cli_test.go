@@ -429,3 +429,19 @@ func TestParseArgs(t *testing.T) {
 		t.Error("no argument for one: no error")
 	}
 }
+
+func TestProgressLine(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	p := newProgressLine(&buf)
+	p.clear() // nothing shown: nothing to clear
+	p.show(reconcile.Progress{Queue: "pay", Phase: "postgres", Done: 500, Total: 2000, QueueIndex: 1, Queues: 2, Found: 3})
+	p.show(reconcile.Progress{Queue: "pay", Phase: "postgres", Done: 1000, Total: 2000, QueueIndex: 1, Queues: 2}) // too soon
+	p.clear()
+	if want := "\r\033[Kqueue 1/2 pay: postgres 500/2000 rows, 3 found\r\033[K"; buf.String() != want {
+		t.Errorf("progress output %q, want %q", buf.String(), want)
+	}
+	if isTerminal(&buf) {
+		t.Error("a buffer is not a terminal")
+	}
+}

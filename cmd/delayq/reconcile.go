@@ -80,8 +80,8 @@ func writeReport(w io.Writer, rep reconcile.Report) error {
 	if rep.DryRun {
 		what = "reconcile (dry run: nothing changed)"
 	}
-	fmt.Fprintf(w, "%s: %d queues, %d outbox rows, %d Redis-only ids, %v\n",
-		what, len(rep.Queues), rep.Rows, rep.RedisOnly, rep.Duration.Round(time.Millisecond))
+	fmt.Fprintf(w, "%s: %s, %s, %s, %v\n", what, plural(len(rep.Queues), "queue"), plural(rep.Rows, "outbox row"),
+		plural(rep.RedisOnly, "Redis-only id"), rep.Duration.Round(time.Millisecond))
 	if rep.Found == 0 {
 		fmt.Fprintln(w, "no inconsistencies")
 	} else {
@@ -115,6 +115,14 @@ func writeReport(w io.Writer, rep reconcile.Report) error {
 		fmt.Fprintf(w, "expired leases: %d, left to the reaper (%s)\n", rep.ExpiredLeases.Found, strings.Join(rep.ExpiredLeases.Samples, " "))
 	}
 	return nil
+}
+
+// plural writes "1 queue", "2 queues".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // progressLine rewrites one line of a terminal, at most every 200ms.

@@ -46,11 +46,11 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 		fmt.Fprintln(m.Stdout, "no queues")
 		return nil
 	}
-	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS\t")
+	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS")
 	for _, s := range st {
 		p := s.Postgres
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t\n", s.Queue,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", s.Queue,
 			p["pending"], p["queued"], p["done"], p["dead"], p["cancelled"],
 			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead,
 			age(s.OldestPendingAge), age(s.OldestDueLateness))
