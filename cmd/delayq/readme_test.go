@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/delayq/delayq/internal/testenv"
+)
+
+// readmeCommands returns the `delayq …` command lines of the README's sh blocks,
+// with leading VAR=value assignments split off.
+func readmeCommands(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds [][]string
+	inSh := false
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			inSh = true
+			continue
+		case strings.HasPrefix(line, "```"):
+			inSh = false
+			continue
+		}
+		if !inSh {
+			continue
+		}
+		if i := strings.Index(line, "  #"); i >= 0 {
+			line = line[:i]
+		}
+		fields := shellFields(line)
+		for len(fields) > 0 && strings.Contains(fields[0], "=") {
+			fields = fields[1:] // the environment, set by the test instead
+		}
+		if len(fields) > 1 && fields[0] == "delayq" {
+			cmds = append(cmds, fields[1:])
+		}
+	}
+	return cmds
+}
+
+// shellFields splits a command line on spaces, honouring single quotes.
+func shellFields(s string) []string {
+	var out []string
+	var cur strings.Builder
+	inQuote, has := false, false
+	for _, r := range s {
+		switch {
+		case r == '\'':
+			inQuote, has = !inQuote, true
+		case r == ' ' && !inQuote:
+			if has {
+				out = append(out, cur.String())
+				cur.Reset()
+				has = false
+			}
+		default:
+			cur.WriteRune(r)
+			has = true
+		}
+	}
+	if has {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// TestREADMECommands runs every `delayq` command the README shows, in order,
+// against real servers, so the README stays true. Long-running commands (relay)
+// run for a moment and must stop cleanly. `delayq check` exits 1 when the stores
+// disagree; after the README's reconcile they agree, so every command must exit 0.
+func TestREADMECommands(t *testing.T) {
+	t.Parallel()
+	cmds := readmeCommands(t)
+	if len(cmds) < 10 {
+		t.Fatalf("found %d delayq commands in README.md; the parser or the README changed", len(cmds))
+	}
+	env := map[string]string{"DATABASE_URL": testenv.EmptyPostgresURL(t), "REDIS_URL": testenv.RedisURL(t)}
+	_, prefix := testenv.Redis(t)
+	getenv := func(k string) string { return env[k] }
+	for _, args := range cmds {
+		switch args[0] {
+		case "migrate", "reconcile", "check", "stats", "dead", "enqueue", "reschedule", "cancel", "relay":
+		default:
+			t.Fatalf("README shows `delayq %s`, which this test does not know how to run", strings.Join(args, " "))
+		}
+		// The test's own key prefix, so it cannot touch other tests' keys (after
+		// the action word for `dead`).
+		at := 1
+		if args[0] == "dead" {
+			at = 2
+		}
+		if takesPrefix(args[:at]) {
+			args = append(append(append([]string{}, args[:at]...), "--prefix", prefix), args[at:]...)
+		}
+		if args[0] == "relay" {
+			args = append([]string{args[0], "--listen", ""}, args[1:]...)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var stdout, stderr lockedBuffer
+		done := make(chan int, 1)
+		go func() { done <- NewMain(&stdout, &stderr, getenv).Run(ctx, args) }()
+		if args[0] == "relay" {
+			time.Sleep(500 * time.Millisecond) // a long-running sidecar: let it work, then stop it
+			cancel()
+		}
+		code := <-done
+		cancel()
+		if code != 0 {
+			t.Fatalf("delayq %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout.String(), stderr.String())
+		}
+		if args[0] == "migrate" {
+			// The README's dead-letter commands act on order-1001: make it dead.
+			pool := testenv.Pool(t, env["DATABASE_URL"])
+			_, err := pool.Exec(context.Background(), `INSERT INTO delayq_outbox (queue, task_id, run_at, payload, state, attempt, max_attempts, last_error)
+				VALUES ('payment', 'order-1001', now(), '', 'dead', 3, 3, 'card declined')`)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// takesPrefix reports whether the (sub)command has a --prefix flag, from its help.
+func takesPrefix(cmd []string) bool {
+	var out bytes.Buffer
+	NewMain(&out, &out, func(string) string { return "" }).Run(context.Background(), append(slices.Clone(cmd), "--help"))
+	return strings.Contains(out.String(), "-prefix")
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader in two goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
