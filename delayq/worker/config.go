@@ -1,0 +1,192 @@
+package worker
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Worker. The zero value means every default.
+type Config struct {
+	// Lease is how long a claim holds a task: while it runs, no other worker gets
+	// it. Heartbeats renew it; a worker that dies loses its tasks after the lease
+	// plus one reap interval. Default 30s; at least 1ms.
+	Lease time.Duration
+
+	// HeartbeatInterval is how often a running task's lease is renewed (to Lease
+	// from then). Default Lease/3; a negative value turns heartbeats off (a handler
+	// then has Lease to finish; tests use it). Must be below Lease.
+	HeartbeatInterval time.Duration
+
+	// ShutdownTimeout is how long Run, once its context is cancelled, lets the
+	// handlers in flight finish before it cancels their contexts (cause
+	// ErrShutdown) and gives their leases back. Default 30s; -1 cancels them at once.
+	ShutdownTimeout time.Duration
+
+	// OpTimeout bounds each bookkeeping call to Redis or Postgres: a claim, and the
+	// completion, ack, retry or release after a handler returns. Default 10s.
+	OpTimeout time.Duration
+
+	// ErrorPause is the wait after a claim failed (Redis unreachable, say) before
+	// the next attempt. Default 1s.
+	ErrorPause time.Duration
+
+	// Logger receives failures, panics with their stacks and lost leases. Default:
+	// discard.
+	Logger *slog.Logger
+
+	// Registerer, when set, gets the worker's Prometheus collectors (see package
+	// doc). Several workers may share one: they then share the collectors. Default
+	// nil: no Prometheus metrics (Stats still counts).
+	Registerer prometheus.Registerer
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.Lease / 3
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.OpTimeout == 0 {
+		c.OpTimeout = 10 * time.Second
+	}
+	if c.ErrorPause == 0 {
+		c.ErrorPause = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Lease < time.Millisecond:
+		return fmt.Errorf("%w: Lease %v: at least 1ms", ErrInvalidConfig, c.Lease)
+	case c.HeartbeatInterval >= c.Lease:
+		return fmt.Errorf("%w: HeartbeatInterval %v must be below Lease %v (negative turns heartbeats off)",
+			ErrInvalidConfig, c.HeartbeatInterval, c.Lease)
+	case c.HeartbeatInterval > 0 && c.HeartbeatInterval < time.Millisecond:
+		return fmt.Errorf("%w: HeartbeatInterval %v: at least 1ms", ErrInvalidConfig, c.HeartbeatInterval)
+	case c.ShutdownTimeout < 0 && c.ShutdownTimeout != -1:
+		return fmt.Errorf("%w: ShutdownTimeout %v: positive, or -1", ErrInvalidConfig, c.ShutdownTimeout)
+	case c.OpTimeout < time.Millisecond:
+		return fmt.Errorf("%w: OpTimeout %v: at least 1ms", ErrInvalidConfig, c.OpTimeout)
+	case c.ErrorPause < time.Millisecond:
+		return fmt.Errorf("%w: ErrorPause %v: at least 1ms", ErrInvalidConfig, c.ErrorPause)
+	}
+	return nil
+}
+
+// maxConcurrency is the most tasks one claim can lease (delayq's limit).
+const maxConcurrency = 1000
+
+// QueueConfig configures the handling of one queue. The zero value means every
+// default.
+type QueueConfig struct {
+	// Concurrency is how many of the queue's tasks this worker runs at once; a claim
+	// asks for as many tasks as there are free slots. With transactional handlers
+	// each running task holds a Postgres connection: size the pool accordingly.
+	// Default 10; 1..1000.
+	Concurrency int
+
+	// MaxAttempts caps the runs of the queue's tasks below their own max attempts
+	// (set at enqueue, default 25): a run that fails at attempt MaxAttempts makes
+	// the task dead. Default 0: the task's own limit.
+	MaxAttempts int
+
+	// Backoff is the delay before a failed task runs again. Default Base 1s,
+	// Max 1h.
+	Backoff Backoff
+
+	// ClearPayload empties the task's payload in the outbox row when it is done, in
+	// the transaction that marks it done, for payloads holding data that should not
+	// outlive the task. (Redis drops the payload on completion anyway; dead tasks
+	// keep theirs in both stores so a person can run them again.) Default false.
+	ClearPayload bool
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c QueueConfig) WithDefaults() QueueConfig {
+	if c.Concurrency == 0 {
+		c.Concurrency = 10
+	}
+	c.Backoff = c.Backoff.WithDefaults()
+	return c
+}
+
+func (c QueueConfig) validate() error {
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > maxConcurrency:
+		return fmt.Errorf("%w: Concurrency %d: 1..%d", ErrInvalidConfig, c.Concurrency, maxConcurrency)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("%w: MaxAttempts %d: 0 (the task's own) or more", ErrInvalidConfig, c.MaxAttempts)
+	}
+	return c.Backoff.validate()
+}
+
+// Backoff is an exponential backoff with jitter. After the failed run number n
+// (1 for the first run) the task waits d = min(Max, Base·2^(n-1)), jittered
+// uniformly into [d/2, d] ("equal jitter": never less than half the policy, so
+// retries of many tasks that failed together spread out without running early).
+type Backoff struct {
+	// Base is the delay after the first failure (before jitter). Default 1s.
+	Base time.Duration
+	// Max caps the delay. Default 1h; at least Base.
+	Max time.Duration
+}
+
+// WithDefaults returns a copy of b with zero fields set to their defaults.
+func (b Backoff) WithDefaults() Backoff {
+	if b.Base == 0 {
+		b.Base = time.Second
+	}
+	if b.Max == 0 {
+		b.Max = time.Hour
+	}
+	return b
+}
+
+func (b Backoff) validate() error {
+	switch {
+	case b.Base < time.Millisecond:
+		return fmt.Errorf("%w: Backoff.Base %v: at least 1ms", ErrInvalidConfig, b.Base)
+	case b.Max < b.Base:
+		return fmt.Errorf("%w: Backoff.Max %v below Backoff.Base %v", ErrInvalidConfig, b.Max, b.Base)
+	}
+	return nil
+}
+
+// Bounds returns the shortest and longest delay after the failed run number
+// attempt (1 for the first run).
+func (b Backoff) Bounds(attempt int) (lo, hi time.Duration) {
+	b = b.WithDefaults()
+	d := b.Max
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt <= 62 {
+		if x := b.Base << (attempt - 1); x>>(attempt-1) == b.Base && x > 0 && x < b.Max {
+			d = x
+		}
+	}
+	return d - d/2, d
+}
+
+// Delay returns a random delay in Bounds(attempt).
+func (b Backoff) Delay(attempt int) time.Duration {
+	lo, hi := b.Bounds(attempt)
+	if hi <= lo {
+		return lo
+	}
+	return lo + rand.N(hi-lo+1)
+}

@@ -1,0 +1,135 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/outbox"
+)
+
+// Environment of the helper process of TestWorkerProcessKilledMidHandler.
+const (
+	helperEnv       = "DELAYQ_WORKER_TEST_HELPER"
+	helperPGEnv     = "DELAYQ_WORKER_TEST_PG"
+	helperRedisEnv  = "DELAYQ_WORKER_TEST_REDIS"
+	helperPrefixEnv = "DELAYQ_WORKER_TEST_PREFIX"
+	helperLease     = time.Second
+)
+
+// TestHelperProcess is not a test: it is the worker process that
+// TestWorkerProcessKilledMidHandler starts (this test binary, re-executed) and
+// kills. It runs a worker whose handler writes its effect, says so on stdout and
+// waits forever.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		t.Skip("helper process for TestWorkerProcessKilledMidHandler")
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(helperPGEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt, err := redis.ParseURL(os.Getenv(helperRedisEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{Prefix: os.Getenv(helperPrefixEnv)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(pool, dq, ob, Config{Lease: helperLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+		if err := insertEffect(ctx, tx, tk, "child"); err != nil {
+			return err
+		}
+		fmt.Printf("RUNNING %s %d\n", tk.ID, tk.Attempt)
+		select {} // killed here, with the transaction open
+	}, QueueConfig{})
+	_ = w.Run(ctx)
+}
+
+// A worker process killed with SIGKILL in the middle of a handler: its
+// transaction dies with it; the task runs again after the lease plus one reap
+// interval and its effect appears once.
+func TestWorkerProcessKilledMidHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t, 2*time.Minute)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", helperPGEnv+"="+b.url,
+		helperRedisEnv+"="+testenv.RedisURL(t), helperPrefixEnv+"="+b.prefix)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() }) // a stuck helper fails the read below
+
+	b.enqueue(t, task("crash", "x"))
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper process: %v", err)
+	}
+	if strings.TrimSpace(line) != "RUNNING x 1" {
+		t.Fatalf("helper process said %q", line)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// The lease the dead process held (renewed by its heartbeats until the kill).
+	leaseUntil := b.info(t, "crash", "x").Score
+	if leaseUntil.IsZero() {
+		t.Fatal("the task is not active after the kill")
+	}
+
+	b.reaper(t, "crash")
+	h := b.start(t, Config{}, func(w *Worker) {
+		_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+			return insertEffect(ctx, tx, tk, "parent")
+		}, QueueConfig{})
+	})
+	f := h.expect(t, "x", outSucceeded)
+	if f.task.Attempt != 2 {
+		t.Errorf("second run: attempt %d, want 2", f.task.Attempt)
+	}
+	if f.task.ClaimedAt.Before(leaseUntil) {
+		t.Errorf("second run claimed at %v, before the dead worker's lease ended at %v", f.task.ClaimedAt, leaseUntil)
+	}
+	if late := f.task.ClaimedAt.Sub(leaseUntil); late > 5*time.Second {
+		t.Errorf("second run claimed %v after the lease ended", late)
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects`); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects WHERE worker = 'parent'`); n != 1 {
+		t.Errorf("the effect is not the second run's")
+	}
+	if r := b.row(t, "crash", "x"); r.state != "done" {
+		t.Errorf("outbox %+v", r)
+	}
+}

@@ -1,0 +1,85 @@
+// Package worker runs delayq tasks: it claims due tasks from Redis, runs the
+// handler registered for their queue, records the completion in the Postgres
+// outbox and acknowledges Redis, so that a task's transactional effect is applied
+// exactly once whatever crashes, expired leases or duplicate deliveries happen.
+//
+//	w, err := worker.New(pool, dq, ob, worker.Config{})
+//	err = w.HandleTx("payment", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+//		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id) VALUES ($1)`, t.ID)
+//		return err
+//	}, worker.QueueConfig{Concurrency: 20})
+//	err = w.Run(ctx) // until ctx is cancelled, then a graceful shutdown
+//
+// # Two kinds of handlers
+//
+// A transactional handler (HandleTx) gets a pgx.Tx that the worker began. After the
+// handler returns nil, the worker runs the completion guard outbox.MarkDone in the
+// same transaction and commits: the handler's writes and "task done" commit
+// together or not at all. The guard matches only a row that is still pending or
+// queued at the claimed version (pending belongs there: a worker can claim a task
+// before the relay that moved it to Redis has committed, and that relay may roll
+// back). When it matches nothing, someone has finished the task already (a lease
+// that expired under a slow worker, an ack lost after a commit, a relay that ran
+// twice) or it was cancelled: the worker rolls back, counts a suppressed duplicate
+// and acknowledges Redis.
+//
+// A plain handler (Handle) is for effects outside Postgres, such as an HTTP call.
+// It runs at least once; the completion is still recorded in the outbox after it
+// returns nil. Pass Task.IdempotencyKey to the external system so that it applies
+// the effect once.
+//
+// # Leases and heartbeats
+//
+// A claim leases the task for Config.Lease (default 30s). While the handler runs,
+// the worker renews the lease every Config.HeartbeatInterval (default a third of
+// the lease). When a renewal is refused (the lease expired and was reaped, the task
+// was rescheduled or removed) or cannot be made before the lease runs out, the
+// handler's context is cancelled with cause ErrLeaseLost (see context.Cause). A
+// worker that dies holds its tasks until their lease expires and the reaper (run by
+// the relay) gives them back.
+//
+// # Failures, backoff, dead tasks
+//
+// A handler that returns an error or panics (the panic is recovered; its stack is
+// logged, never stored with the task) has failed. The worker records the attempt
+// and a short error summary in the outbox, then gives the task back to Redis to run
+// again after the queue's Backoff: exponential from Base, capped at Max, with equal
+// jitter. A handler steers this with RetryAfter(d, err) (retry after d) and
+// NoRetry(err) (dead at once). A task that fails its last attempt
+// (QueueConfig.MaxAttempts, or the task's own limit) is dead: first in Postgres,
+// then in Redis, with its last error; it never runs again by itself.
+//
+// # Shutdown
+//
+// When Run's context is cancelled, the worker stops claiming and lets the handlers
+// in flight finish within Config.ShutdownTimeout. Then it cancels their contexts
+// (cause ErrShutdown), waits for them to return, rolls their transactions back and
+// gives their leases back (delayq Release): those tasks run again at once,
+// elsewhere, and the interrupted run does not count as an attempt.
+//
+// # Claiming
+//
+// Each queue claims as many tasks as it has free handler slots
+// (QueueConfig.Concurrency) in one script call, again as soon as a slot frees while
+// tasks are due. When none is due, it sleeps exactly until the next one falls due
+// by the Redis clock, or until an earlier one is enqueued (delayq.Waiter): there is
+// no polling interval.
+//
+// # Metrics
+//
+// Stats returns the counts of a Worker. With Config.Registerer set, the worker also
+// registers Prometheus collectors, labelled by queue:
+//
+//	delayq_worker_tasks_total{queue,event}   event: claimed, succeeded, failed, retried,
+//	                                         dead, suppressed_duplicate, lease_lost, released
+//	delayq_worker_in_flight{queue}
+//	delayq_worker_claim_lateness_seconds{queue}  claim time - due time, Redis clock
+//	delayq_worker_processing_seconds{queue}      handler start to end of its bookkeeping
+//
+// # Sensitive payloads
+//
+// Redis drops a task's payload when it is completed. QueueConfig.ClearPayload also
+// empties it in the outbox row, in the transaction that marks the task done (for a
+// whole outbox, see outbox.Config.ClearPayloadOnDone). Dead tasks keep theirs so
+// that a person can run them again.
+package worker

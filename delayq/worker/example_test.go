@@ -1,0 +1,89 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/outbox"
+)
+
+// A worker with a transactional handler (the payment row and the task's completion
+// commit together: charged exactly once) and a plain one (an HTTP call, at least
+// once, deduplicated by the receiver through the idempotency key). It runs until
+// interrupted, then shuts down gracefully.
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	w, err := worker.New(pool, dq, ob, worker.Config{Lease: time.Minute})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = w.HandleTx("payment", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+		tag, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1 AND NOT paid`, t.ID)
+		if err != nil {
+			return err // rolled back; retried after the queue's backoff
+		}
+		if tag.RowsAffected() == 0 {
+			return worker.NoRetry(errors.New("no unpaid order " + t.ID)) // dead at once
+		}
+		return nil
+	}, worker.QueueConfig{Concurrency: 20, MaxAttempts: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = w.Handle("webhook", func(ctx context.Context, t *worker.Task) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://example.com/hook", nil)
+		if err != nil {
+			return worker.NoRetry(err)
+		}
+		req.Header.Set("Idempotency-Key", t.IdempotencyKey())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			return worker.RetryAfter(30*time.Second, errors.New(resp.Status))
+		}
+		if resp.StatusCode >= 300 {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}, worker.QueueConfig{Backoff: worker.Backoff{Base: 5 * time.Second, Max: 10 * time.Minute}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := w.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,149 @@
+package worker
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Stats are the counts of one Worker since New, summed over its queues.
+type Stats struct {
+	// Claimed tasks: every run started.
+	Claimed int64
+	// Succeeded runs: the handler returned nil and the task was marked done.
+	Succeeded int64
+	// Failed runs: the handler returned an error or panicked (then Retried or Dead,
+	// unless the lease was lost or the outbox had finished the task elsewhere).
+	Failed int64
+	// Retried failures, given back to Redis to run again after a backoff.
+	Retried int64
+	// Dead failures: out of attempts or NoRetry; dead in Postgres and Redis.
+	Dead int64
+	// Suppressed runs: the outbox guard refused to mark the task done (or failed)
+	// because it was already done, dead or cancelled; the handler's transaction was
+	// rolled back and Redis acknowledged. Each is a duplicate delivery whose effect
+	// was not applied twice.
+	Suppressed int64
+	// LeaseLost runs: the worker found that it no longer held the task's lease
+	// (a heartbeat or an ack was refused).
+	LeaseLost int64
+	// Released runs: interrupted by shutdown, lease given back, to run again at once.
+	Released int64
+	// InFlight is the number of handlers running now.
+	InFlight int64
+}
+
+type counters struct {
+	claimed, succeeded, failed, retried, dead, suppressed, leaseLost, released, inFlight atomic.Int64
+}
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
+		Retried: c.retried.Load(), Dead: c.dead.Load(), Suppressed: c.suppressed.Load(),
+		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), InFlight: c.inFlight.Load(),
+	}
+}
+
+// metrics are the Prometheus collectors, labelled by queue. Nil vectors (no
+// Registerer) record nothing.
+type metrics struct {
+	events     *prometheus.CounterVec // label: queue, event
+	inFlight   *prometheus.GaugeVec
+	lateness   *prometheus.HistogramVec
+	processing *prometheus.HistogramVec
+}
+
+// Event label values of delayq_worker_tasks_total.
+const (
+	evClaimed    = "claimed"
+	evSucceeded  = "succeeded"
+	evFailed     = "failed"
+	evRetried    = "retried"
+	evDead       = "dead"
+	evSuppressed = "suppressed_duplicate"
+	evLeaseLost  = "lease_lost"
+	evReleased   = "released"
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{}
+	if reg == nil {
+		return m, nil
+	}
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "delayq", Subsystem: "worker", Name: "tasks_total",
+		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released.",
+	}, []string{"queue", "event"})
+	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "delayq", Subsystem: "worker", Name: "in_flight",
+		Help: "Handlers running now.",
+	}, []string{"queue"})
+	lateness := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "delayq", Subsystem: "worker", Name: "claim_lateness_seconds",
+		Help:    "Claim time minus due time, both by the Redis clock.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"queue"})
+	processing := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "delayq", Subsystem: "worker", Name: "processing_seconds",
+		Help:    "Time from the start of a handler to the end of its bookkeeping (commit, ack).",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"queue"})
+	var err error
+	if m.events, err = register(reg, events); err != nil {
+		return nil, err
+	}
+	if m.inFlight, err = register(reg, inFlight); err != nil {
+		return nil, err
+	}
+	if m.lateness, err = register(reg, lateness); err != nil {
+		return nil, err
+	}
+	if m.processing, err = register(reg, processing); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under its
+// name (another Worker of the process), so workers can share a registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	var zero C
+	return zero, err
+}
+
+func (m *metrics) event(queue, ev string) {
+	if m.events != nil {
+		m.events.WithLabelValues(queue, ev).Inc()
+	}
+}
+
+func (m *metrics) inFlightAdd(queue string, d float64) {
+	if m.inFlight != nil {
+		m.inFlight.WithLabelValues(queue).Add(d)
+	}
+}
+
+func (m *metrics) observeLateness(queue string, d time.Duration) {
+	if m.lateness != nil {
+		m.lateness.WithLabelValues(queue).Observe(max(d, 0).Seconds())
+	}
+}
+
+func (m *metrics) observeProcessing(queue string, d time.Duration) {
+	if m.processing != nil {
+		m.processing.WithLabelValues(queue).Observe(d.Seconds())
+	}
+}

@@ -1,0 +1,123 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/outbox"
+)
+
+// A plain handler's completion is recorded in the outbox; it sees the idempotency
+// key; ClearPayload empties the payload of done tasks in Postgres only for its
+// queue, and Redis drops it in any case.
+func TestPlainHandlerCompletionAndClearPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keys := make(chan string, 2)
+	h := b.start(t, Config{}, func(w *Worker) {
+		plain := func(ctx context.Context, tk *Task) error {
+			if string(tk.Payload) != "p-"+tk.ID {
+				t.Errorf("payload %q", tk.Payload)
+			}
+			keys <- tk.IdempotencyKey()
+			return nil
+		}
+		_ = w.Handle("secret", plain, QueueConfig{ClearPayload: true})
+		_ = w.Handle("public", plain, QueueConfig{})
+	})
+	b.enqueue(t, task("secret", "a"))
+	h.expect(t, "a", outSucceeded)
+	b.enqueue(t, task("public", "b"))
+	h.expect(t, "b", outSucceeded)
+	if k1, k2 := <-keys, <-keys; k1 != "secret/a" || k2 != "public/b" {
+		t.Errorf("idempotency keys %q, %q", k1, k2)
+	}
+	if r := b.row(t, "secret", "a"); r.state != "done" || len(r.payload) != 0 {
+		t.Errorf("secret/a: %+v, want done with an empty payload", r)
+	}
+	if r := b.row(t, "public", "b"); r.state != "done" || string(r.payload) != "p-b" {
+		t.Errorf("public/b: %+v, want done with its payload", r)
+	}
+	for _, q := range []string{"secret", "public"} {
+		ti, err := b.dq.Inspect(context.Background(), q, map[string]string{"secret": "a", "public": "b"}[q])
+		if err != nil || ti[0].State != delayq.StateDone || ti[0].Payload != nil {
+			t.Errorf("%s in Redis: %+v %v", q, ti, err)
+		}
+	}
+}
+
+// No polling: an idle worker claims a delayed task when it falls due (not before,
+// and not a poll interval later), and wakes for an earlier task enqueued while it
+// sleeps.
+func TestClaimsWhenDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.start(t, Config{}, func(w *Worker) {
+		_ = w.Handle("due", func(context.Context, *Task) error { return nil }, QueueConfig{})
+	})
+	ctx := context.Background()
+	b.enqueue(t, outbox.Task{Queue: "due", ID: "later", Delay: 20 * time.Second})
+	b.enqueue(t, outbox.Task{Queue: "due", ID: "soon", Delay: 500 * time.Millisecond})
+	f := h.expect(t, "soon", outSucceeded)
+	late := f.task.ClaimedAt.Sub(f.task.Due)
+	if late < 0 || late > 250*time.Millisecond {
+		t.Errorf("claimed %v after due; want within 250ms, never before", late)
+	}
+	if st, err := b.dq.Stats(ctx, "due"); err != nil || st.Ready != 1 {
+		t.Errorf("stats %+v %v", st, err)
+	}
+	if s := h.w.Stats(); s.Claimed != 1 {
+		t.Errorf("claimed %d", s.Claimed)
+	}
+}
+
+// Collectors register on Config.Registerer, are shared by workers on one registry,
+// and count.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	if _, err := New(b.pool, b.dq, b.ob, Config{Registerer: reg}); err != nil {
+		t.Fatalf("first worker on the registry: %v", err)
+	}
+	h := b.start(t, Config{Registerer: reg}, func(w *Worker) {
+		_ = w.HandleTx("m", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+			if tk.ID == "bad" {
+				return NoRetry(errors.New("no"))
+			}
+			return nil
+		}, QueueConfig{})
+	})
+	b.enqueue(t, task("m", "good"))
+	h.expect(t, "good", outSucceeded)
+	b.enqueue(t, task("m", "bad"))
+	h.expect(t, "bad", outDead)
+	ev := h.w.metrics.events
+	for e, want := range map[string]float64{evClaimed: 2, evSucceeded: 1, evFailed: 1, evDead: 1, evRetried: 0} {
+		if got := testutil.ToFloat64(ev.WithLabelValues("m", e)); got != want {
+			t.Errorf("delayq_worker_tasks_total{event=%q} = %v, want %v", e, got, want)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]uint64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if hg := m.GetHistogram(); hg != nil {
+				names[mf.GetName()] = hg.GetSampleCount()
+			}
+		}
+	}
+	if names["delayq_worker_claim_lateness_seconds"] != 2 || names["delayq_worker_processing_seconds"] != 2 {
+		t.Errorf("histogram sample counts %v, want 2 each", names)
+	}
+}

@@ -1,0 +1,412 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/outbox"
+)
+
+// run is one run of one claimed task.
+type run struct {
+	w     *Worker
+	q     *queue
+	ct    delayq.ClaimedTask
+	t     *Task
+	lost  atomic.Bool // the lease is known to be lost
+	hbOff func()      // stops the heartbeats (idempotent)
+}
+
+// run executes a claimed task and does its bookkeeping. hard is cancelled when the
+// shutdown timeout has passed.
+func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time) {
+	maxAttempts := ct.MaxAttempts
+	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
+		maxAttempts = q.cfg.MaxAttempts
+	}
+	r := &run{w: w, q: q, ct: ct, t: &Task{
+		Queue: ct.Queue, ID: ct.ID, Payload: ct.Payload, Attempt: ct.Attempt,
+		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
+	}}
+	w.stats.claimed.Add(1)
+	w.metrics.event(q.name, evClaimed)
+	w.metrics.observeLateness(q.name, claimedAt.Sub(ct.Due))
+	w.stats.inFlight.Add(1)
+	w.metrics.inFlightAdd(q.name, 1)
+	defer func() {
+		w.stats.inFlight.Add(-1)
+		w.metrics.inFlightAdd(q.name, -1)
+	}()
+
+	ctx, cancel := context.WithCancelCause(hard)
+	defer cancel(nil)
+	r.hbOff = r.heartbeat(ctx, cancel)
+	defer r.hbOff()
+
+	start := time.Now()
+	o := r.execute(ctx)
+	w.metrics.observeProcessing(q.name, time.Since(start))
+	if f := w.hooks.finished; f != nil {
+		f(r.t, o)
+	}
+}
+
+// execute runs the handler and settles the task; it returns the outcome.
+func (r *run) execute(ctx context.Context) outcome {
+	w, q, t := r.w, r.q, r.t
+	var (
+		tx  pgx.Tx
+		err error
+	)
+	if q.tx != nil {
+		tx, err = w.pool.Begin(ctx)
+		if err != nil {
+			err = fmt.Errorf("begin: %w", err)
+		} else {
+			err = r.call(func() error { return q.tx(ctx, tx, t) })
+		}
+	} else {
+		err = r.call(func() error { return q.plain(ctx, t) })
+	}
+
+	// Bookkeeping outlives the handler's context: a finished handler's work is
+	// recorded even during a shutdown, and a lost lease is handled by the guard.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
+	defer cancel()
+	if err == nil {
+		o, err := r.complete(bctx, tx)
+		if err == nil {
+			return o
+		}
+		// The completion did not commit (or we cannot tell): a failed run. If it
+		// did commit after all, RecordFailure is refused and the guard settles it.
+		return r.fail(bctx, err)
+	}
+	rollback(bctx, tx)
+	if ctx.Err() != nil { // we cancelled the handler
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, ErrShutdown):
+			return r.release(bctx)
+		case errors.Is(cause, ErrLeaseLost):
+			w.log.Warn("worker: handler interrupted, lease lost", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt)
+			return outLeaseLost
+		}
+	}
+	return r.fail(bctx, err)
+}
+
+// call runs the handler, turning a panic into an error. The stack goes to the log
+// only.
+func (r *run) call(h func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.w.log.Error("worker: handler panicked", "queue", r.t.Queue, "id", r.t.ID,
+				"attempt", r.t.Attempt, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			err = &panicError{value: v}
+		}
+	}()
+	return h()
+}
+
+func rollback(ctx context.Context, tx pgx.Tx) {
+	if tx != nil {
+		_ = tx.Rollback(ctx) // a failed rollback closes the connection; nothing to do
+	}
+}
+
+// complete records a successful run: the guard (and the handler's writes, in tx)
+// commit together, then Redis is acknowledged. It returns an error when nothing
+// may have been committed.
+func (r *run) complete(ctx context.Context, tx pgx.Tx) (outcome, error) {
+	w, t := r.w, r.t
+	if tx == nil {
+		var err error
+		if tx, err = w.pool.Begin(ctx); err != nil {
+			return "", fmt.Errorf("record completion: begin: %w", err)
+		}
+	}
+	applied, err := w.ob.MarkDone(ctx, tx, t.Queue, t.ID, t.Version)
+	if err != nil {
+		rollback(ctx, tx)
+		return "", fmt.Errorf("record completion: %w", err)
+	}
+	if !applied {
+		st, err := w.rowState(ctx, tx, t)
+		rollback(ctx, tx)
+		if err != nil {
+			return "", fmt.Errorf("record completion: %w", err)
+		}
+		return r.refused(ctx, st), nil
+	}
+	if r.q.cfg.ClearPayload {
+		if _, err := tx.Exec(ctx, w.sqlClearPayload, t.Queue, t.ID); err != nil {
+			rollback(ctx, tx)
+			return "", fmt.Errorf("clear payload: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	w.stats.succeeded.Add(1)
+	w.metrics.event(t.Queue, evSucceeded)
+	if err := r.ack(ctx); err != nil {
+		// Done in Postgres: a redelivery after the lease is suppressed by the guard.
+		if !errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Warn("worker: ack failed after commit; the task will be suppressed when redelivered",
+				"queue", t.Queue, "id", t.ID, "err", err)
+		}
+	}
+	return outSucceeded, nil
+}
+
+// ack tells Redis the task is done.
+func (r *run) ack(ctx context.Context) error {
+	r.hbOff()
+	if f := r.w.hooks.beforeAck; f != nil {
+		if err := f(r.t); err != nil {
+			return err
+		}
+	}
+	return r.leaseErr(r.w.dq.Complete(ctx, r.t.Queue, r.t.ID, r.ct.Token))
+}
+
+// leaseErr counts a lost lease (once per run) and passes err on.
+func (r *run) leaseErr(err error) error {
+	if errors.Is(err, delayq.ErrLeaseLost) {
+		r.markLost()
+	}
+	return err
+}
+
+func (r *run) markLost() {
+	if r.lost.CompareAndSwap(false, true) {
+		r.w.stats.leaseLost.Add(1)
+		r.w.metrics.event(r.t.Queue, evLeaseLost)
+	}
+}
+
+// rowState is the outbox row of a task as it is now.
+type rowState struct {
+	exists    bool
+	state     string
+	version   int
+	lastError string
+}
+
+// finished: the task needs no run any more (done, dead, cancelled, or gone).
+func (s rowState) finished() bool {
+	return !s.exists || s.state == "done" || s.state == "dead" || s.state == "cancelled"
+}
+
+func (w *Worker) rowState(ctx context.Context, q outbox.Querier, t *Task) (rowState, error) {
+	var s rowState
+	err := q.QueryRow(ctx, w.sqlState, t.Queue, t.ID).Scan(&s.state, &s.version, &s.lastError)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return rowState{}, nil
+	case err != nil:
+		return rowState{}, fmt.Errorf("read outbox row: %w", err)
+	}
+	s.exists = true
+	return s, nil
+}
+
+// refused settles a run whose completion or failure the outbox guard refused.
+func (r *run) refused(ctx context.Context, st rowState) outcome {
+	w, t := r.w, r.t
+	if st.finished() {
+		// A duplicate delivery (a lease that expired under a slow worker, an ack
+		// lost after the commit, a relay that ran twice) or a cancelled task: the
+		// effect was rolled back. Redis follows Postgres.
+		w.stats.suppressed.Add(1)
+		w.metrics.event(t.Queue, evSuppressed)
+		r.hbOff()
+		var err error
+		if st.state == "dead" {
+			err = w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, st.lastError)
+		} else {
+			err = w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)
+		}
+		if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Warn("worker: ack of a suppressed duplicate failed", "queue", t.Queue, "id", t.ID, "err", err)
+		}
+		w.log.Debug("worker: duplicate run suppressed", "queue", t.Queue, "id", t.ID, "state", st.state)
+		return outSuppressed
+	}
+	// Still to run, at another version (rescheduled) or not yet visible: this copy
+	// is stale. Acknowledging it would make Redis drop the new version as a
+	// duplicate, so it goes back to ready, where the relay's enqueue of the new
+	// version replaces it.
+	w.log.Warn("worker: outbox row is at another version; giving the task back",
+		"queue", t.Queue, "id", t.ID, "version", t.Version, "outbox_version", st.version, "state", st.state)
+	r.hbOff()
+	if _, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, r.q.cfg.Backoff.Delay(t.Attempt), "stale version"); r.leaseErr(err) != nil &&
+		!errors.Is(err, delayq.ErrLeaseLost) {
+		w.log.Warn("worker: giving back a stale task failed", "queue", t.Queue, "id", t.ID, "err", err)
+	}
+	return outStale
+}
+
+// summary is the error kept with the task: the message only, never a stack.
+func summary(err error) string {
+	s := err.Error()
+	if len(s) > outbox.MaxErrorBytes {
+		s = s[:outbox.MaxErrorBytes]
+	}
+	return s
+}
+
+// fail records a failed run: the attempt and error in Postgres, then a retry
+// after the backoff in Redis, or, out of attempts or told not to retry, dead in
+// Postgres first and then in Redis.
+func (r *run) fail(ctx context.Context, err error) outcome {
+	w, q, t := r.w, r.q, r.t
+	w.stats.failed.Add(1)
+	w.metrics.event(t.Queue, evFailed)
+	msg := summary(err)
+	if r.lost.Load() {
+		// Another worker may hold the task now: its run decides.
+		w.log.Warn("worker: task failed after its lease was lost", "queue", t.Queue, "id", t.ID, "err", msg)
+		r.hbOff()
+		return outLeaseLost
+	}
+	var noRetry *NoRetryError
+	var after *RetryAfterError
+	dead := errors.As(err, &noRetry) || t.Attempt >= t.MaxAttempts
+	delay := q.cfg.Backoff.Delay(t.Attempt)
+	if errors.As(err, &after) {
+		delay = max(after.Delay, time.Millisecond)
+	}
+	w.log.Warn("worker: task failed", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt,
+		"max_attempts", t.MaxAttempts, "dead", dead, "err", msg)
+
+	applied, perr := w.ob.RecordFailure(ctx, w.pool, t.Queue, t.ID, t.Version, t.Attempt, msg, dead)
+	switch {
+	case perr != nil:
+		w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", perr)
+		if dead {
+			// Dead goes to Postgres first: leave the lease to expire; the reaper
+			// then declares the task dead and mirrors it into Postgres.
+			r.hbOff()
+			return outError
+		}
+	case !applied:
+		st, err := w.rowState(ctx, w.pool, t)
+		if err != nil {
+			w.log.Error("worker: reading the outbox row failed", "queue", t.Queue, "id", t.ID, "err", err)
+			r.hbOff()
+			return outError
+		}
+		return r.refused(ctx, st) // finished elsewhere, or stale
+	}
+
+	r.hbOff()
+	if dead {
+		if err := r.leaseErr(w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, msg)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+			// Postgres says dead; reconcile makes Redis agree (Postgres wins).
+			w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
+		}
+		w.stats.dead.Add(1)
+		w.metrics.event(t.Queue, evDead)
+		return outDead
+	}
+	redisDead, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, delay, msg)
+	if err := r.leaseErr(err); err != nil {
+		if !errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Error("worker: retry in Redis failed; the lease will expire", "queue", t.Queue, "id", t.ID, "err", err)
+			return outError
+		}
+		return outLeaseLost
+	}
+	if redisDead {
+		// Redis counted the attempts out (the task's limit changed under us):
+		// mirror it into Postgres.
+		if _, err := w.ob.RecordFailure(ctx, w.pool, t.Queue, t.ID, t.Version, t.Attempt, msg, true); err != nil {
+			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
+		}
+		w.stats.dead.Add(1)
+		w.metrics.event(t.Queue, evDead)
+		return outDead
+	}
+	w.stats.retried.Add(1)
+	w.metrics.event(t.Queue, evRetried)
+	return outRetried
+}
+
+// release gives the lease of a run interrupted by shutdown back: the task is due
+// again at once and the run is not counted as an attempt.
+func (r *run) release(ctx context.Context) outcome {
+	w, t := r.w, r.t
+	r.hbOff()
+	if err := r.leaseErr(w.dq.Release(ctx, t.Queue, t.ID, r.ct.Token)); err != nil {
+		if !errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Warn("worker: release failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
+			return outError
+		}
+		return outLeaseLost
+	}
+	w.stats.released.Add(1)
+	w.metrics.event(t.Queue, evReleased)
+	return outReleased
+}
+
+// heartbeat renews the lease every HeartbeatInterval until stopped. When the lease
+// is lost, or cannot be renewed before it runs out, it cancels the handler's
+// context with ErrLeaseLost. It returns the (idempotent) stop function.
+func (r *run) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) func() {
+	w := r.w
+	every := w.cfg.HeartbeatInterval
+	if every <= 0 {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		deadline := time.Now().Add(w.cfg.Lease) // not before the claim's deadline
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			sent := time.Now()
+			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), min(w.cfg.OpTimeout, every))
+			err := w.dq.Extend(ectx, r.t.Queue, r.t.ID, r.ct.Token, w.cfg.Lease)
+			ecancel()
+			select {
+			case <-stop: // stopped meanwhile: the ack may have revoked the token
+				return
+			default:
+			}
+			switch {
+			case err == nil:
+				deadline = sent.Add(w.cfg.Lease)
+				continue
+			case errors.Is(err, delayq.ErrLeaseLost):
+			case time.Now().Before(deadline):
+				w.log.Warn("worker: heartbeat failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+				continue
+			default:
+				w.log.Warn("worker: heartbeat failed until the lease ran out", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+			}
+			r.markLost()
+			cancel(ErrLeaseLost)
+			return
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(stop); <-stopped })
+	}
+}

@@ -1,0 +1,327 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
+)
+
+// Task is one run of a task, as a handler sees it.
+type Task struct {
+	// Queue and ID are the task's business identity.
+	Queue string
+	ID    string
+	// Payload is the producer's payload, as enqueued.
+	Payload []byte
+	// Attempt counts this run: 1 on the first. Runs interrupted by a shutdown are
+	// not counted.
+	Attempt int
+	// MaxAttempts is the run after which a failure makes the task dead (the task's
+	// own limit, capped by QueueConfig.MaxAttempts).
+	MaxAttempts int
+	// Version is the outbox version of the task (bumped by each reschedule).
+	Version int
+	// Due is when the task was due, ClaimedAt when this run was claimed, both by the
+	// Redis clock; ClaimedAt - Due is the claim lateness.
+	Due       time.Time
+	ClaimedAt time.Time
+}
+
+// IdempotencyKey is the key to pass to external systems (a payment provider's
+// Idempotency-Key header, say) so that they apply a plain handler's effect once
+// even when the task runs more than once: "<queue>/<id>". It is the same for every
+// attempt and version of the task. (Queue names never contain '/'.)
+func (t *Task) IdempotencyKey() string { return t.Queue + "/" + t.ID }
+
+// TxHandler is a transactional handler: it writes its effect through tx, and the
+// worker commits those writes together with the task's completion in the outbox,
+// so the effect is applied exactly once. It must not commit or roll back tx. An
+// error (or a panic) rolls everything back and the task is retried.
+type TxHandler func(ctx context.Context, tx pgx.Tx, t *Task) error
+
+// Handler is a plain handler for effects outside Postgres. It runs at least once
+// per task (more after a crash or an expired lease): pass t.IdempotencyKey() on.
+// The completion is still recorded in the outbox after it returns nil.
+type Handler func(ctx context.Context, t *Task) error
+
+// Worker claims tasks of the queues it has handlers for and runs them. Create it
+// with New, register handlers with Handle and HandleTx, then call Run.
+type Worker struct {
+	pool *pgxpool.Pool
+	dq   *delayq.Client
+	ob   *outbox.Client
+	cfg  Config
+	log  *slog.Logger
+
+	sqlState, sqlClearPayload string
+
+	stats   counters
+	metrics *metrics
+	hooks   hooks
+
+	mu      sync.Mutex
+	queues  map[string]*queue
+	running bool
+}
+
+// hooks let tests inject faults and observe runs; nil fields do nothing.
+type hooks struct {
+	// beforeAck runs after the completion committed; an error skips the Redis ack
+	// as if it had failed.
+	beforeAck func(t *Task) error
+	// finished runs after each run's bookkeeping, with its outcome.
+	finished func(t *Task, o outcome)
+}
+
+// outcome is how a run ended.
+type outcome string
+
+const (
+	outSucceeded  outcome = "succeeded"
+	outSuppressed outcome = "suppressed"
+	outRetried    outcome = "retried"
+	outDead       outcome = "dead"
+	outLeaseLost  outcome = "lease lost"
+	outReleased   outcome = "released"
+	outStale      outcome = "stale"
+	outError      outcome = "error" // bookkeeping failed; the lease will expire
+)
+
+type queue struct {
+	name  string
+	cfg   QueueConfig
+	tx    TxHandler
+	plain Handler
+}
+
+// New returns a Worker that runs tasks from Redis (dq), records their completion
+// in the outbox (ob) on pool, and configures itself from cfg (completed with
+// WithDefaults and validated).
+func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, error) {
+	if pool == nil || dq == nil || ob == nil {
+		return nil, fmt.Errorf("%w: nil pool, delayq client or outbox client", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	}
+	return &Worker{
+		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
+		sqlState:        fmt.Sprintf(sqlState, ob.Table()),
+		sqlClearPayload: fmt.Sprintf(sqlClearPayload, ob.Table()),
+		metrics:         m,
+		queues:          make(map[string]*queue),
+	}, nil
+}
+
+// SQL of the worker (the guard itself is outbox.MarkDone). %s is the outbox table.
+const (
+	// $1 queue, $2 task_id. Why the guard refused: the row's state and version now.
+	sqlState = `SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`
+	// $1 queue, $2 task_id. Run after MarkDone applied, in its transaction.
+	sqlClearPayload = `UPDATE %s SET payload = ''::bytea WHERE queue = $1 AND task_id = $2 AND state = 'done'`
+)
+
+// Config returns the effective configuration (defaults applied).
+func (w *Worker) Config() Config { return w.cfg }
+
+// HandleTx registers a transactional handler for queue, with its configuration
+// (zero value: defaults). Register before Run.
+func (w *Worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
+	if h == nil {
+		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
+	}
+	return w.register(queue, cfg, h, nil)
+}
+
+// Handle registers a plain (at-least-once) handler for queue, with its
+// configuration (zero value: defaults). Register before Run.
+func (w *Worker) Handle(queue string, h Handler, cfg QueueConfig) error {
+	if h == nil {
+		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
+	}
+	return w.register(queue, cfg, nil, h)
+}
+
+func (w *Worker) register(name string, cfg QueueConfig, tx TxHandler, plain Handler) error {
+	if err := validate.Queue(name); err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("queue %q: %w", name, err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running {
+		return fmt.Errorf("%w: register queue %q before Run", ErrRunning, name)
+	}
+	if _, ok := w.queues[name]; ok {
+		return fmt.Errorf("%w: queue %q already has a handler", ErrInvalidConfig, name)
+	}
+	w.queues[name] = &queue{name: name, cfg: cfg, tx: tx, plain: plain}
+	return nil
+}
+
+// Stats returns the worker's counts since New.
+func (w *Worker) Stats() Stats { return w.stats.snapshot() }
+
+// Run claims and runs tasks of the registered queues until ctx is cancelled, then
+// shuts down gracefully: it stops claiming, lets the handlers in flight finish
+// within Config.ShutdownTimeout, then cancels the contexts of the others (cause
+// ErrShutdown) and, once they have returned, gives their leases back so the tasks
+// run again at once. Run returns nil after a shutdown; handlers must return when
+// their context is cancelled, Run waits for them.
+//
+// While tasks are due, each queue claims as many as it has free slots, without
+// pause. When none is due, it sleeps until the next falls due or an earlier one is
+// enqueued (delayq.Waiter): no polling.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.running {
+		w.mu.Unlock()
+		return ErrRunning
+	}
+	if len(w.queues) == 0 {
+		w.mu.Unlock()
+		return ErrNoHandlers
+	}
+	w.running = true
+	queues := make([]*queue, 0, len(w.queues))
+	for _, q := range w.queues {
+		queues = append(queues, q)
+	}
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.running = false
+		w.mu.Unlock()
+	}()
+	sort.Slice(queues, func(i, j int) bool { return queues[i].name < queues[j].name })
+
+	waiter := w.dq.NewWaiter()
+	defer waiter.Close()
+	// Handlers run under hard, which outlives ctx by the shutdown timeout.
+	hard, hardCancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hardCancel(nil)
+
+	var loops, runs sync.WaitGroup
+	for _, q := range queues {
+		loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, &runs) })
+	}
+	w.log.Info("worker: started", "queues", len(queues), "lease", w.cfg.Lease)
+	<-ctx.Done()
+	loops.Wait() // no claim after this; every runs.Add has happened
+
+	done := make(chan struct{})
+	go func() { runs.Wait(); close(done) }()
+	if inFlight := w.stats.inFlight.Load(); inFlight > 0 {
+		w.log.Info("worker: shutting down", "in_flight", inFlight, "timeout", w.cfg.ShutdownTimeout)
+	}
+	if w.cfg.ShutdownTimeout > 0 {
+		t := time.NewTimer(w.cfg.ShutdownTimeout)
+		select {
+		case <-done:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	hardCancel(ErrShutdown)
+	<-done
+	w.log.Info("worker: stopped")
+	return nil
+}
+
+// claimLoop claims the tasks of q while ctx lasts and starts a run for each.
+func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *queue, runs *sync.WaitGroup) {
+	// A token in slots is a running handler (or a slot reserved for a claim).
+	slots := make(chan struct{}, q.cfg.Concurrency)
+	free := func(n int) {
+		for range n {
+			<-slots
+		}
+	}
+	for {
+		// Block until at least one slot is free, then take all free slots.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		n := 1
+	more:
+		for n < q.cfg.Concurrency {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		if ctx.Err() != nil {
+			free(n)
+			return
+		}
+		// Mark before the claim, so an enqueue between the claim and the wait
+		// still wakes us.
+		mark, err := waiter.Mark(ctx, q.name)
+		if err != nil {
+			free(n)
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("worker: subscribe to wake-ups failed", "queue", q.name, "err", err)
+			w.pause(ctx)
+			continue
+		}
+		// The claim outlives ctx: tasks leased by a claim whose reply we lost would
+		// wait for their lease to expire.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
+		cl, err := w.dq.Claim(cctx, q.name, n, w.cfg.Lease)
+		cancel()
+		if err != nil {
+			free(n)
+			w.log.Warn("worker: claim failed", "queue", q.name, "err", err)
+			w.pause(ctx)
+			continue
+		}
+		free(n - len(cl.Tasks))
+		for _, ct := range cl.Tasks {
+			runs.Go(func() {
+				defer free(1)
+				w.run(hard, q, ct, cl.Now)
+			})
+		}
+		if cl.NextDue != 0 {
+			// Nothing more is due: sleep until the next task falls due or an
+			// earlier one arrives. (A free slot does not matter until then.)
+			if err := waiter.Wait(ctx, mark, cl.NextDue); err != nil && ctx.Err() == nil {
+				w.log.Warn("worker: wait failed", "queue", q.name, "err", err)
+				w.pause(ctx)
+			}
+		}
+	}
+}
+
+func (w *Worker) pause(ctx context.Context) {
+	t := time.NewTimer(w.cfg.ErrorPause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
