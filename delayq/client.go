@@ -133,7 +133,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 			}
 			args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver)
 		}
-		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix}, args...)
+		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}, args...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: enqueue %s: %w", queue, err)
 		}

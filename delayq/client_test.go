@@ -75,7 +75,7 @@ func TestEnqueueClaimComplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	ti := b.info(t, "b")
-	if ti.State != StateDone || ti.Payload != nil || ti.TTL < 6*24*time.Hour || ti.Version != 0 || ti.Attempt != 0 {
+	if ti.State != StateDone || ti.Payload != nil || ti.TTL < 6*24*time.Hour || ti.Version != tb.Version || ti.Attempt != 0 {
 		t.Errorf("done task %+v", ti)
 	}
 	if err := b.c.Complete(ctx, "q", "b", tb.Token); !errors.Is(err, ErrLeaseLost) {
@@ -130,10 +130,46 @@ func TestEnqueueDuplicate(t *testing.T) {
 		t.Fatalf("Retry: dead=%v err=%v", dead, err)
 	}
 	snap = b.snapshot(t)
-	if st := b.enqueue(t, Task{ID: "d", Version: 9}); st[0] != Duplicate {
+	if st := b.enqueue(t, Task{ID: "d"}); st[0] != Duplicate {
 		t.Fatalf("dead: status %v", st)
 	}
 	sameSnapshot(t, "duplicate of dead", snap, b.snapshot(t))
+
+	// A higher version is a reschedule the outbox accepted: it brings the task back
+	// from dead (Postgres, not Redis, decides that it is not finished).
+	if st := b.enqueue(t, Task{ID: "d", Version: 9, RunAt: now.Add(time.Hour)}); st[0] != Replaced {
+		t.Fatalf("dead, higher version: status %v", st)
+	}
+	if ti := b.info(t, "d"); ti.State != StateReady || ti.Version != 9 || ti.LastError != "" {
+		t.Fatalf("after replacing a dead task: %+v", ti)
+	}
+	if n := b.rdb.ZCard(ctx, b.k.Dead).Val(); n != 0 {
+		t.Fatalf("dead ZSET holds %d after the replace", n)
+	}
+}
+
+// TestEnqueueReplacesDoneOlderVersion: a worker may finish version 1 in Redis
+// (its outbox guard refused it: the row was rescheduled meanwhile) just before the
+// relay moves version 2. Version 2 must run, not be taken for a duplicate.
+func TestEnqueueReplacesDoneOlderVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	b.enqueue(t, Task{ID: "v"})
+	cl := b.claim(t, 1, time.Minute)
+	if err := b.c.Complete(ctx, "q", "v", cl.Tasks[0].Token); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.enqueue(t, Task{ID: "v"}); st[0] != Duplicate {
+		t.Fatalf("same version after done: %v", st)
+	}
+	if st := b.enqueue(t, Task{ID: "v", Version: 2}); st[0] != Replaced {
+		t.Fatalf("higher version after done: %v", st)
+	}
+	ti := b.info(t, "v")
+	if ti.State != StateReady || ti.Version != 2 || ti.TTL > 0 {
+		t.Fatalf("after replacing a done task: %+v (want ready, version 2, no TTL)", ti)
+	}
 }
 
 func TestEnqueueAfterRetention(t *testing.T) {

@@ -51,7 +51,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 			part := b.Tasks[start:min(start+c.cfg.EnqueueBatch, len(b.Tasks))]
 			calls = append(calls, call{
 				batch: i, start: start, n: len(part),
-				keys: []string{k.Ready, k.Active, k.TaskPrefix},
+				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead},
 				args: c.enqueueArgs(k, part),
 			})
 		}

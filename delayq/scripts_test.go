@@ -49,7 +49,7 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	}
 
 	s := b.c.s
-	enq := []string{k.Ready, k.Active, k.TaskPrefix}
+	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}
 	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}
 	cases := []struct {
 		name   string

@@ -1,7 +1,8 @@
 -- complete: finish an active task, only if the token still holds its lease.
 --
 -- The task leaves active. With a retention, its hash stays as the dedupe record:
--- only the status "d" is kept (every other field is removed), TTL = retention.
+-- only the status "d" and the version "v" are kept (so a later, rescheduled version
+-- is told from a repeat), TTL = retention.
 -- With retention 0 the hash is deleted.
 --
 -- KEYS[1]  active ZSET
@@ -38,7 +39,7 @@ if retention == 0 then
   redis.call('DEL', h)
 else
   redis.call('HSET', h, 's', 'd')
-  redis.call('HDEL', h, 'p', 't', 'e', 'm', 'a', 'v')
+  redis.call('HDEL', h, 'p', 't', 'e', 'm', 'a')
   redis.call('PEXPIRE', h, retention)
 end
 return 1

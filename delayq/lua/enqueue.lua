@@ -2,13 +2,15 @@
 --
 -- The task hash is the Redis dedupe record: it exists from enqueue until its
 -- done-retention TTL runs out (or until remove). An existing hash makes the task a
--- duplicate, except when the given version is higher than the stored one and the task
--- is still ready or active (a Reschedule from the outbox): then score, payload,
--- max_attempts and version are replaced and any lease is revoked.
+-- duplicate, except when the given version is higher than the stored one (a
+-- Reschedule in the outbox, which only ever reaches a task Postgres has not finished):
+-- then score, payload, max_attempts and version are replaced, whatever the status —
+-- a lease is revoked, a dead or done copy of the older version is brought back.
 --
 -- KEYS[1]  ready ZSET            "<prefix>:{<queue>}:ready"
 -- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
 -- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:t:"
+-- KEYS[4]  dead ZSET             "<prefix>:{<queue>}:dead"
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- then for task k = 0..n-1, ARGV[3+6k] .. ARGV[8+6k]:
@@ -89,10 +91,15 @@ for i, t in ipairs(tasks) do
     end
     redis.call('ZADD', KEYS[1], score, id)
     out[i] = 1
-  elseif (cur[1] == 'r' or cur[1] == 'a') and (tonumber(cur[2]) or 0) < ver then
+  elseif cur[2] ~= false and tonumber(cur[2]) < ver then
     if cur[1] == 'a' then
       redis.call('ZREM', KEYS[2], id)
       redis.call('HDEL', h, 't')
+    elseif cur[1] == 'x' then
+      redis.call('ZREM', KEYS[4], id)
+      redis.call('HDEL', h, 'e')
+    elseif cur[1] == 'd' then
+      redis.call('PERSIST', h)
     end
     redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
     redis.call('ZADD', KEYS[1], score, id)
