@@ -237,8 +237,14 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		}
 	}
 	if len(queued) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markQueued, queued); err != nil {
+		tag, err := tx.Exec(ctx, r.sql.markQueued, queued)
+		if err != nil {
 			return 0, r.pgErr(errPostgres, "mark queued", err)
+		}
+		if n := tag.RowsAffected(); n != int64(len(queued)) {
+			// Cannot happen while the rows are locked; if it did, roll back: the
+			// rows are moved again (as duplicates) rather than marked wrongly.
+			return 0, r.pgErr(errPostgres, "mark queued", fmt.Errorf("%w: %d rows updated of %d locked", errMismatch, n, len(queued)))
 		}
 	}
 	if len(bad) > 0 {
