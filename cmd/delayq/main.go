@@ -54,6 +54,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
 		"relay":   {"run the relay sidecar: outbox rows to Redis, lease reaper, retention, /metrics", runRelay},
+		"worker":  {"run a shell command for each task of some queues (payload on stdin), /metrics", runWorker},
 		"bench":   {"run the benchmark workloads and print their figures", runBench},
 		"demo":    {"run the whole system end to end on throwaway servers and report", runDemo},
 

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/sidecar"
+	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
+)
+
+// DefaultWorkerAddr is the worker command's admin address: the relay's port + 1,
+// so both can run on one host with their defaults.
+const DefaultWorkerAddr = "127.0.0.1:9091"
+
+// execKillDelay is how long a command gets after SIGTERM before it is killed.
+const execKillDelay = 10 * time.Second
+
+// errorTailBytes is how much of a failed command's output goes into the task's
+// last error (the end of it, where the reason usually is).
+const errorTailBytes = 300
+
+func runWorker(ctx context.Context, m *Main, args []string) error {
+	var (
+		conn            connFlags
+		queues          string
+		command         string
+		concurrency     int
+		lease           time.Duration
+		heartbeat       time.Duration
+		shutdownTimeout time.Duration
+		maxAttempts     int
+		backoffBase     time.Duration
+		backoffMax      time.Duration
+		deadExit        int
+		clearPayload    bool
+		listen          string
+		logFormat       string
+		logLevel        string
+	)
+	fs := newFlagSet(m, "worker", "worker --queue NAME[,NAME...] --exec COMMAND [flags]",
+		"  delayq worker --queue mail --exec 'sendmail -t'              # payload on stdin\n"+
+			"  delayq worker --queue hooks --exec './deliver.sh' --concurrency 50 --dead-exit-code 65\n"+
+			"\n"+
+			"Runs COMMAND with /bin/sh -c once per task: the payload on standard input, and in\n"+
+			"the environment DELAYQ_QUEUE, DELAYQ_TASK_ID, DELAYQ_IDEMPOTENCY_KEY (queue/id),\n"+
+			"DELAYQ_ATTEMPT, DELAYQ_MAX_ATTEMPTS and DELAYQ_DUE (RFC 3339). Exit status 0: the\n"+
+			"task is done. Any other: it failed and is retried after the backoff, or is dead\n"+
+			"after its last attempt (or at once with --dead-exit-code); the end of its output\n"+
+			"is kept as the task's last error. A command may run more than once for a task\n"+
+			"(at-least-once): pass DELAYQ_IDEMPOTENCY_KEY on to the systems it calls. When\n"+
+			"the lease is lost or the shutdown timeout passes, the command gets SIGTERM, then\n"+
+			"SIGKILL after 10s. Handlers that write to PostgreSQL exactly once are Go code: see\n"+
+			"package delayq/worker.\n")
+	conn.register(fs, m, true, true)
+	fs.StringVar(&queues, "queue", "", "comma-separated queues to work on (required)")
+	fs.StringVar(&command, "exec", "", "shell command run for each task (required)")
+	fs.IntVar(&concurrency, "concurrency", 10, "commands running at once, per queue (1..1000)")
+	fs.DurationVar(&lease, "lease", 5*time.Second, "lease of a claimed task; heartbeats renew it while the command runs")
+	fs.DurationVar(&heartbeat, "heartbeat", 0, "lease renewal interval (default lease/3)")
+	fs.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running commands may finish before they are stopped and their tasks handed back")
+	fs.IntVar(&maxAttempts, "max-attempts", 0, "cap on the runs of a task (default: the task's own, set at enqueue)")
+	fs.DurationVar(&backoffBase, "backoff-base", time.Second, "retry delay after the first failure; doubles with each attempt, jittered into [d/2, d]")
+	fs.DurationVar(&backoffMax, "backoff-max", time.Hour, "longest retry delay")
+	fs.IntVar(&deadExit, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
+	fs.BoolVar(&clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
+	fs.StringVar(&listen, "listen", DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
+	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+	if strings.TrimSpace(command) == "" {
+		return usagef("--exec is required: the command to run for each task (see --help)")
+	}
+	var names []string
+	for q := range strings.SplitSeq(queues, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			if err := validate.Queue(q); err != nil {
+				return usagef("--queue: %v", err)
+			}
+			names = append(names, q)
+		}
+	}
+	if len(names) == 0 {
+		return usagef("--queue is required: the queues to work on (see --help)")
+	}
+	if concurrency < 1 {
+		return usagef("--concurrency %d: 1..1000", concurrency)
+	}
+	if deadExit < 0 || deadExit > 255 {
+		return usagef("--dead-exit-code %d: 1..255, or 0 for none", deadExit)
+	}
+	logger, err := newLogger(m, logFormat, logLevel)
+	if err != nil {
+		return err
+	}
+	if heartbeat == 0 {
+		heartbeat = lease / 3
+	}
+	cfg := worker.Config{Lease: lease, HeartbeatInterval: heartbeat, ShutdownTimeout: shutdownTimeout, Logger: logger}
+	if shutdownTimeout == 0 {
+		cfg.ShutdownTimeout = -1
+	}
+	qcfg := worker.QueueConfig{
+		Concurrency: concurrency, MaxAttempts: maxAttempts, ClearPayload: clearPayload,
+		Backoff: worker.Backoff{Base: backoffBase, Max: backoffMax},
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"lease", lease}, {"heartbeat", heartbeat}, {"shutdown-timeout", shutdownTimeout}, {"backoff-base", backoffBase}, {"backoff-max", backoffMax}} {
+		if d.v < 0 || d.v == 0 && d.name != "shutdown-timeout" {
+			return usagef("--%s %v: must be positive", d.name, d.v)
+		}
+	}
+	for _, err := range []error{cfg.Validate(), qcfg.Validate()} {
+		if err != nil {
+			return usagef("%s", strings.TrimPrefix(err.Error(), worker.ErrInvalidConfig.Error()+": "))
+		}
+	}
+	ob, err := outbox.New(outbox.Config{Schema: conn.schema})
+	if err != nil {
+		return usagef("%v", err)
+	}
+
+	pool, err := conn.openPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	redis.SetLogger(quietRedisLogger{logger})
+	rdb, err := conn.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	dq, err := delayq.New(rdb, delayq.Config{Prefix: conn.prefix, Logger: logger})
+	if err != nil {
+		return usagef("%v", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	w, err := worker.New(pool, dq, ob, cfg)
+	if err != nil {
+		return err
+	}
+	h := execHandler{command: command, deadExit: deadExit}
+	for _, q := range names {
+		if err := w.Handle(q, h.handle, qcfg); err != nil {
+			return usagef("%v", err)
+		}
+	}
+
+	var admin *sidecar.Server
+	if listen != "" {
+		admin, err = sidecar.Start(sidecar.Config{
+			Addr:     listen,
+			Gatherer: reg,
+			Checks:   []sidecar.Check{sidecar.PostgresCheck(pool), sidecar.RedisCheck(rdb)},
+			Logger:   logger,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	eff := w.Config()
+	logger.Info("worker: starting",
+		"database", redactURL(conn.databaseURL), "redis", redactURL(conn.redisURL),
+		"schema", conn.schema, "prefix", conn.prefix, "queues", strings.Join(names, ","),
+		"concurrency", concurrency, "lease", eff.Lease.String(), "admin", adminAddr(admin))
+
+	runErr := w.Run(ctx)
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := admin.Shutdown(sctx); err != nil && runErr == nil {
+			runErr = fmt.Errorf("admin server shutdown: %w", err)
+		}
+	}
+	return runErr
+}
+
+// execHandler runs a shell command per task.
+type execHandler struct {
+	command  string
+	deadExit int
+}
+
+func (h execHandler) handle(ctx context.Context, t *worker.Task) error {
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", h.command)
+	cmd.Stdin = bytes.NewReader(t.Payload)
+	out := &tailBuffer{max: 4 << 10}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(),
+		"DELAYQ_QUEUE="+t.Queue,
+		"DELAYQ_TASK_ID="+t.ID,
+		"DELAYQ_IDEMPOTENCY_KEY="+t.IdempotencyKey(),
+		"DELAYQ_ATTEMPT="+strconv.Itoa(t.Attempt),
+		"DELAYQ_MAX_ATTEMPTS="+strconv.Itoa(t.MaxAttempts),
+		"DELAYQ_DUE="+t.Due.UTC().Format(time.RFC3339Nano),
+	)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = execKillDelay
+	err := cmd.Run()
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("command stopped: %w", context.Cause(ctx))
+	}
+	msg := err.Error()
+	if tail := out.tail(errorTailBytes); tail != "" {
+		msg += ": " + tail
+	}
+	var exitErr *exec.ExitError
+	if h.deadExit != 0 && errors.As(err, &exitErr) && exitErr.ExitCode() == h.deadExit {
+		return worker.NoRetry(errors.New(msg))
+	}
+	return errors.New(msg)
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if over := len(t.b) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+// tail returns the last n bytes, as one trimmed line.
+func (t *tailBuffer) tail(n int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(t.b), "?")), " ")
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return strings.ToValidUTF8(s, "")
+}
