@@ -14,7 +14,7 @@ import (
 type Config struct {
 	// Lease is how long a claim holds a task: while it runs, no other worker gets
 	// it. Heartbeats renew it; a worker that dies loses its tasks after the lease
-	// plus one reap interval. Default 30s; at least 1ms.
+	// plus one reap interval. Default 5s; at least 1ms.
 	Lease time.Duration
 
 	// HeartbeatInterval is how often a running task's lease is renewed (to Lease
@@ -48,7 +48,7 @@ type Config struct {
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = 5 * time.Second
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = c.Lease / 3
@@ -67,6 +67,10 @@ func (c Config) WithDefaults() Config {
 	}
 	return c
 }
+
+// Validate reports whether c, with its defaults, is a valid configuration (New
+// does the same), so a command can reject bad flags before it connects.
+func (c Config) Validate() error { return c.WithDefaults().validate() }
 
 func (c Config) validate() error {
 	switch {
@@ -123,6 +127,10 @@ func (c QueueConfig) WithDefaults() QueueConfig {
 	c.Backoff = c.Backoff.WithDefaults()
 	return c
 }
+
+// Validate reports whether c, with its defaults, is a valid queue configuration
+// (Handle and HandleTx do the same).
+func (c QueueConfig) Validate() error { return c.WithDefaults().validate() }
 
 func (c QueueConfig) validate() error {
 	switch {

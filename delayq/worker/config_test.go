@@ -11,7 +11,7 @@ import (
 func TestConfigDefaultsAndValidation(t *testing.T) {
 	t.Parallel()
 	c := Config{}.WithDefaults()
-	if c.Lease != 30*time.Second || c.HeartbeatInterval != 10*time.Second || c.ShutdownTimeout != 30*time.Second ||
+	if c.Lease != 5*time.Second || c.HeartbeatInterval != 5*time.Second/3 || c.ShutdownTimeout != 30*time.Second ||
 		c.OpTimeout != 10*time.Second || c.ErrorPause != time.Second || c.Logger == nil {
 		t.Errorf("defaults %+v", c)
 	}

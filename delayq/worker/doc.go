@@ -30,7 +30,7 @@
 //
 // # Leases and heartbeats
 //
-// A claim leases the task for Config.Lease (default 30s). While the handler runs,
+// A claim leases the task for Config.Lease (default 5s). While the handler runs,
 // the worker renews the lease every Config.HeartbeatInterval (default a third of
 // the lease). When a renewal is refused (the lease expired and was reaped, the task
 // was rescheduled or removed) or cannot be made before the lease runs out, the
@@ -70,7 +70,7 @@
 // Stats returns the counts of a Worker. With Config.Registerer set, the worker also
 // registers Prometheus collectors, labelled by queue:
 //
-//	delayq_worker_tasks_total{queue,event}   event: claimed, succeeded, failed, retried,
+//	delayq_worker_tasks_total{queue,outcome} outcome: claimed, succeeded, failed, retried,
 //	                                         dead, suppressed_duplicate, lease_lost, released
 //	delayq_worker_in_flight{queue}
 //	delayq_worker_claim_lateness_seconds{queue}  claim time - due time, Redis clock

@@ -111,7 +111,9 @@ func TestSlowHandlerLosesLeaseSecondWorkerTakesOver(t *testing.T) {
 	b.enqueue(t, task("slow", "x"))
 	<-entered
 	b.reaper(t, "slow")
-	second := b.start(t, cfg, func(w *Worker) {
+	// The second worker heartbeats, so that its run keeps the task however slow
+	// the machine is.
+	second := b.start(t, Config{Lease: cfg.Lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
 		_ = w.HandleTx("slow", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			runs.Add(1)
 			if tk.Attempt != 2 {
@@ -155,7 +157,9 @@ func TestAckFailsAfterCommitRedeliverySuppressed(t *testing.T) {
 	b := setup(t)
 	b.reaper(t, "ack")
 	var runs, acks atomic.Int64
-	h := b.start(t, Config{Lease: 300 * time.Millisecond}, func(w *Worker) {
+	// Heartbeats keep the second run's lease under load; the first run's ends
+	// with its failed ack.
+	h := b.start(t, Config{Lease: time.Second, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
 		w.hooks.beforeAck = func(*Task) error {
 			if acks.Add(1) == 1 {
 				return fmt.Errorf("injected: connection reset")

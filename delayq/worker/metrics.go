@@ -56,7 +56,7 @@ type metrics struct {
 	processing *prometheus.HistogramVec
 }
 
-// Event label values of delayq_worker_tasks_total.
+// Values of the outcome label of delayq_worker_tasks_total.
 const (
 	evClaimed    = "claimed"
 	evSucceeded  = "succeeded"
@@ -76,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "tasks_total",
 		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released.",
-	}, []string{"queue", "event"})
+	}, []string{"queue", "outcome"})
 	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "in_flight",
 		Help: "Handlers running now.",

@@ -67,8 +67,10 @@ func TestClaimsWhenDue(t *testing.T) {
 	b.enqueue(t, outbox.Task{Queue: "due", ID: "soon", Delay: 500 * time.Millisecond})
 	f := h.expect(t, "soon", outSucceeded)
 	late := f.task.ClaimedAt.Sub(f.task.Due)
-	if late < 0 || late > 250*time.Millisecond {
-		t.Errorf("claimed %v after due; want within 250ms, never before", late)
+	// Typically a few ms; the bound leaves room for a loaded machine and is still
+	// far below the waiter's 30s backstop, so only a wake-up at the due time passes.
+	if late < 0 || late > time.Second {
+		t.Errorf("claimed %v after due; want within 1s, never before", late)
 	}
 	if st, err := b.dq.Stats(ctx, "due"); err != nil || st.Ready != 1 {
 		t.Errorf("stats %+v %v", st, err)
@@ -102,7 +104,7 @@ func TestMetrics(t *testing.T) {
 	ev := h.w.metrics.events
 	for e, want := range map[string]float64{evClaimed: 2, evSucceeded: 1, evFailed: 1, evDead: 1, evRetried: 0} {
 		if got := testutil.ToFloat64(ev.WithLabelValues("m", e)); got != want {
-			t.Errorf("delayq_worker_tasks_total{event=%q} = %v, want %v", e, got, want)
+			t.Errorf("delayq_worker_tasks_total{outcome=%q} = %v, want %v", e, got, want)
 		}
 	}
 	mfs, err := reg.Gather()
