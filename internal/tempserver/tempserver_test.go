@@ -110,6 +110,6 @@ func TestRedisCluster(t *testing.T) {
 		return nil
 	})
 	if err != nil || masters.Load() != 3 {
-		t.Fatalf("masters=%d err=%v, want 3", masters, err)
+		t.Fatalf("masters=%d err=%v, want 3", masters.Load(), err)
 	}
 }
