@@ -48,8 +48,7 @@ type Config struct {
 	QueueRefresh time.Duration
 
 	// Horizon: rows due within it are moved to Redis; later ones wait in Postgres,
-	// so Redis memory follows the near-term load. Default 1h. It also bounds how
-	// late a Redis failover can make a task that reconcile has not restored.
+	// so Redis memory follows the near-term load. Default 1h.
 	Horizon time.Duration
 	// BatchSize is the most rows one round moves (1..10,000). A full round is
 	// followed by the next at once, so a backlog drains at full speed. Default 1000.
