@@ -33,7 +33,8 @@ type Config struct {
 
 	// ReapBackoffBase and ReapBackoffMax shape the delay before a task whose lease
 	// expired runs again: d = min(max, base * 2^(attempt-1)), jittered to [d/2, d].
-	// Defaults 5s and 10m.
+	// Defaults 1s and 10m: a crashed worker's task runs again about lease + reap
+	// interval + 1s after the crash.
 	ReapBackoffBase time.Duration
 	ReapBackoffMax  time.Duration
 
@@ -63,7 +64,7 @@ func (c Config) WithDefaults() Config {
 		c.EnqueueBatch = 500
 	}
 	if c.ReapBackoffBase == 0 {
-		c.ReapBackoffBase = 5 * time.Second
+		c.ReapBackoffBase = time.Second
 	}
 	if c.ReapBackoffMax == 0 {
 		c.ReapBackoffMax = 10 * time.Minute

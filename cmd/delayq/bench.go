@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -43,7 +44,11 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale}
+	self, err := os.Executable() // the recovery workload runs `delayq worker` as a process
+	if err != nil {
+		return err
+	}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self}
 	var failed []string
 	for _, name := range names {
 		res, err := bench.Run(ctx, env, name)

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/delayq/delayq/internal/testenv"
@@ -14,12 +16,17 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // never speed.
 func TestWorkloads(t *testing.T) {
 	t.Parallel()
+	// recovery runs the delayq binary as the worker process it kills.
+	bin := filepath.Join(t.TempDir(), "delayq")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/delayq").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
 	for _, name := range Workloads() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			// A Redis of its own: idle counts the server's commands, relay changes
 			// its keyspace-event setting.
-			env := Env{DatabaseURL: testenv.PostgresURL(t), RedisURL: testenv.OwnRedis(t).URL(), Scale: 0.001}
+			env := Env{DatabaseURL: testenv.PostgresURL(t), RedisURL: testenv.OwnRedis(t).URL(), Scale: 0.001, WorkerBinary: bin}
 			res, err := Run(context.Background(), env, name)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)

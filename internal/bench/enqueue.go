@@ -20,6 +20,7 @@ func registry() map[string]workload {
 		"drain-plain":   {"20,000 tasks due now, 32 slots, no-op plain handler", drain(false)},
 		"lateness":      {"2,000 tasks due 5 s after start, spread over 1 s: handler start − due", lateness},
 		"memory":        {"100,000 tasks due in 1 h relayed to Redis: bytes per task in Redis and per outbox row", memory},
+		"recovery":      {"a worker process SIGKILLed 1 s into a 60 s task: seconds until the task runs again", recovery},
 		"idle":          {"Redis commands/s of one idle relay and one idle worker", idle},
 	}
 }
