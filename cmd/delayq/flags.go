@@ -67,11 +67,13 @@ type connFlags struct {
 
 func (c *connFlags) register(fs *flagSet, m *Main, needDB, needRedis bool) {
 	if needDB {
-		fs.StringVar(&c.databaseURL, "database-url", m.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
+		c.databaseURL = m.Getenv("DATABASE_URL")
+		fs.Var(urlFlag{&c.databaseURL}, "database-url", "PostgreSQL `URL` (env DATABASE_URL)")
 		fs.StringVar(&c.schema, "schema", "public", "schema of the outbox table")
 	}
 	if needRedis {
-		fs.StringVar(&c.redisURL, "redis-url", m.Getenv("REDIS_URL"), "Redis URL, redis:// or rediss:// (env REDIS_URL)")
+		c.redisURL = m.Getenv("REDIS_URL")
+		fs.Var(urlFlag{&c.redisURL}, "redis-url", "Redis `URL`, redis:// or rediss:// (env REDIS_URL)")
 		fs.StringVar(&c.prefix, "prefix", "dq", "Redis key prefix")
 	}
 }
@@ -116,6 +118,22 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 		return nil, fmt.Errorf("Redis %s unreachable: %w", redactURL(c.redisURL), err)
 	}
 	return rdb, nil
+}
+
+// urlFlag is a URL flag whose value, when shown (as the default from the
+// environment in --help), has its password redacted.
+type urlFlag struct{ v *string }
+
+func (f urlFlag) String() string {
+	if f.v == nil || *f.v == "" {
+		return ""
+	}
+	return redactURL(*f.v)
+}
+
+func (f urlFlag) Set(s string) error {
+	*f.v = s
+	return nil
 }
 
 // redactURL returns u with any password replaced, safe for logs and errors. A

@@ -155,3 +155,17 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestHelpHidesPasswords: --help shows the environment's URLs as defaults, with
+// their passwords redacted.
+func TestHelpHidesPasswords(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": "postgres://app:hunter2@db/app", "REDIS_URL": "redis://u:hunter2@cache:6379"}
+	for name := range commands() {
+		var out bytes.Buffer
+		NewMain(&out, &out, func(k string) string { return env[k] }).Run(context.Background(), []string{name, "--help"})
+		if strings.Contains(out.String(), "hunter2") {
+			t.Errorf("delayq %s --help prints a password:\n%s", name, out.String())
+		}
+	}
+}
