@@ -15,14 +15,25 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
+	// go-redis logs every failed dial and reconnect to stderr by itself; the
+	// relay and workers report an outage once, on its state change, instead.
+	// (Process-wide, so it is set here, once, and not by the commands.)
+	redis.SetLogger(silentRedisLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := NewMain(os.Stdout, os.Stderr, os.Getenv).Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
+
+// silentRedisLogger drops go-redis's internal log lines.
+type silentRedisLogger struct{}
+
+func (silentRedisLogger) Printf(context.Context, string, ...any) {}
 
 // Exit codes.
 const (

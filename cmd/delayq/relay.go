@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/sidecar"
@@ -90,8 +89,6 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	// go-redis logs every failed dial; the relay logs an outage once instead.
-	redis.SetLogger(quietRedisLogger{logger})
 	rdb, err := conn.openRedis(ctx)
 	if err != nil {
 		return err
@@ -182,12 +179,4 @@ func newLogger(m *Main, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(m.Stderr, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", format)
-}
-
-// quietRedisLogger sends go-redis's own messages (a failed dial, a reconnect)
-// to the debug level.
-type quietRedisLogger struct{ log *slog.Logger }
-
-func (l quietRedisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
@@ -147,7 +146,6 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	redis.SetLogger(quietRedisLogger{logger})
 	rdb, err := conn.openRedis(ctx)
 	if err != nil {
 		return err
