@@ -30,9 +30,11 @@
 // *pgx.Conn. Services on database/sql (or sqlx, GORM) use EnqueueSQL and EnqueueManySQL
 // with their *sql.Tx; EnqueueManySQL needs the pgx driver (pgx/v5/stdlib).
 //
-// Enqueue sends pg_notify on Config.NotifyChannel in the same statement: Postgres
-// delivers it when the transaction commits and drops it when it rolls back, so the relay
-// wakes exactly for committed work (and polls as a backstop).
+// Enqueue sends pg_notify on Config.NotifyChannel in the same statement for a task due
+// within Config.NotifyWithin (30s): Postgres delivers it when the transaction commits
+// and drops it when it rolls back, so the relay wakes exactly for committed work. Tasks
+// due later are found by the relay's next round; that keeps most producers' commits
+// free of the serialization Postgres imposes on notifying transactions.
 //
 // # Validation
 //

@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"time"
+
 	"context"
 	"database/sql"
 	"fmt"
@@ -21,6 +23,9 @@ const (
 	DefaultMaxAttempts = 25
 	// DefaultNotifyChannel is the channel the enqueue notifies and the relay listens on.
 	DefaultNotifyChannel = "delayq_outbox"
+	// DefaultNotifyWithin is how soon a task must be due for its enqueue to wake the
+	// relay at commit.
+	DefaultNotifyWithin = 30 * time.Second
 	// MaxErrorBytes bounds the error summary RecordFailure stores.
 	MaxErrorBytes = 500
 )
@@ -75,6 +80,15 @@ type Config struct {
 	// with the queue name as payload. Default "delayq_outbox" (DefaultNotifyChannel); the
 	// relay must listen on the same. 1..63 bytes of [a-z0-9_].
 	NotifyChannel string
+	// NotifyWithin: an enqueue (or reschedule) wakes the relay at commit only for
+	// tasks due within this time. A task due later is found by the relay's next
+	// round (at least every relay PollInterval, 5s by default) long before it falls
+	// due. The reason: Postgres serializes the commits of every transaction that
+	// sent a NOTIFY, so a notification per enqueue caps producers at one commit per
+	// disk flush instead of sharing flushes (group commit). Keep it above the
+	// relay's PollInterval. Default 30s (DefaultNotifyWithin); -1 notifies for every
+	// task.
+	NotifyWithin time.Duration
 	// ClearPayloadOnDone empties the payload of a task when it is marked done or is
 	// cancelled, for payloads holding data that should not outlive the task. Dead tasks
 	// keep theirs, since a person may run them again. Default false.
@@ -95,6 +109,9 @@ func (c Config) WithDefaults() Config {
 	if c.NotifyChannel == "" {
 		c.NotifyChannel = DefaultNotifyChannel
 	}
+	if c.NotifyWithin == 0 {
+		c.NotifyWithin = DefaultNotifyWithin
+	}
 	return c
 }
 
@@ -102,6 +119,9 @@ func (c Config) validate() error {
 	if !plainIdent(c.Schema, false) {
 		return fmt.Errorf("%w: Schema %q must be 1..63 bytes of [a-z0-9_], not starting with a digit",
 			ErrInvalidConfig, c.Schema)
+	}
+	if c.NotifyWithin < 0 && c.NotifyWithin != -1 {
+		return fmt.Errorf("%w: NotifyWithin %v: positive, or -1 for every task", ErrInvalidConfig, c.NotifyWithin)
 	}
 	if !plainIdent(c.NotifyChannel, true) {
 		return fmt.Errorf("%w: NotifyChannel %q must be 1..63 bytes of [a-z0-9_]", ErrInvalidConfig, c.NotifyChannel)

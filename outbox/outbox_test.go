@@ -569,13 +569,49 @@ func TestSQLPath(t *testing.T) {
 	}
 }
 
+// TestNotifyWithin: only tasks due soon wake the relay at commit (Postgres
+// serializes notifying commits); NotifyWithin -1 notifies for every task.
+func TestNotifyWithin(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	l := listen(t, b.url)
+	if _, err := b.client.Enqueue(ctx, b.pool, outbox.Task{Queue: "later", ID: "x", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	many := []outbox.Task{{Queue: "later", ID: "y", Delay: time.Hour}, {Queue: "later", ID: "z", Delay: 2 * time.Hour}}
+	if _, err := b.client.EnqueueMany(ctx, b.pool, many); err != nil {
+		t.Fatal(err)
+	}
+	marker(t, b.pool, "marker")
+	if got := nextNotification(t, l); got != "marker" {
+		t.Fatalf("tasks due in an hour notified %q", got)
+	}
+	if _, err := b.client.EnqueueMany(ctx, b.pool, []outbox.Task{{Queue: "later", ID: "w", Delay: time.Hour}, {Queue: "soon", ID: "s"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextNotification(t, l); got != "soon" {
+		t.Fatalf("a batch with a task due now notified %q, want soon", got)
+	}
+	always := newClient(t, outbox.Config{NotifyWithin: -1})
+	if _, err := always.Enqueue(ctx, b.pool, outbox.Task{Queue: "always", ID: "x", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextNotification(t, l); got != "always" {
+		t.Fatalf("NotifyWithin -1 notified %q", got)
+	}
+	if _, err := outbox.New(outbox.Config{NotifyWithin: -2}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("NotifyWithin -2: %v", err)
+	}
+}
+
 func TestCancelReschedule(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
 	l := listen(t, b.url)
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := b.client.Enqueue(ctx, b.pool, outbox.Task{Queue: "q", ID: id, Payload: []byte("p"), Delay: time.Hour}); err != nil {
+		if _, err := b.client.Enqueue(ctx, b.pool, outbox.Task{Queue: "q", ID: id, Payload: []byte("p"), Delay: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if got := nextNotification(t, l); got != "q" {
@@ -587,17 +623,29 @@ func TestCancelReschedule(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A reschedule far ahead (a) is left to the relay's next round; one due soon (b)
+	// wakes the relay at commit.
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, id := range []string{"a", "b"} {
-		if err := b.client.Reschedule(ctx, b.pool, "q", id, at); err != nil {
-			t.Fatalf("Reschedule %s: %v", id, err)
+	soon := time.Now().Add(2 * time.Second).Truncate(time.Microsecond)
+	for _, r := range []struct {
+		id     string
+		at     time.Time
+		notify bool
+	}{{"a", at, false}, {"b", soon, true}} {
+		if err := b.client.Reschedule(ctx, b.pool, "q", r.id, r.at); err != nil {
+			t.Fatalf("Reschedule %s: %v", r.id, err)
 		}
-		if got := nextNotification(t, l); got != "q" {
-			t.Errorf("Reschedule notified %q", got)
+		want := "q"
+		if !r.notify {
+			marker(t, b.pool, "after-"+r.id)
+			want = "after-" + r.id
 		}
-		s := load(t, b.pool, "q", id)
-		if s.state != "pending" || !s.runAt.Equal(at) || s.vers != 2 || s.queuedAt != nil {
-			t.Errorf("after Reschedule, %s is %+v", id, s)
+		if got := nextNotification(t, l); got != want {
+			t.Errorf("after Reschedule of %s the listener heard %q, want %q", r.id, got, want)
+		}
+		s := load(t, b.pool, "q", r.id)
+		if s.state != "pending" || !s.runAt.Equal(r.at) || s.vers != 2 || s.queuedAt != nil {
+			t.Errorf("after Reschedule, %s is %+v", r.id, s)
 		}
 	}
 

@@ -16,9 +16,16 @@ func newStatements(table string, cfg Config) statements {
 	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
 	// the relay hears it when the caller's transaction commits, and never if it rolls
 	// back. Postgres folds identical notifications of one transaction into one.
+	//
+	// Only rows due within cfg.NotifyWithin notify (soon is the condition on run_at):
+	// Postgres serializes the commits of notifying transactions.
 	notify := func(queueExpr, from string) string {
 		return fmt.Sprintf(`(SELECT count(*) FROM (SELECT pg_notify('%s', %s) FROM %s) AS n)`,
 			cfg.NotifyChannel, queueExpr, from)
+	}
+	soon := "true"
+	if cfg.NotifyWithin > 0 {
+		soon = fmt.Sprintf("run_at < statement_timestamp() + interval '%d microseconds'", cfg.NotifyWithin.Microseconds())
 	}
 	clear := "payload"
 	if cfg.ClearPayloadOnDone {
@@ -34,7 +41,7 @@ func newStatements(table string, cfg Config) statements {
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at
 )
-SELECT run_at, %s FROM ins`, table, notify("$1::text", "(VALUES (1)) AS v")),
+SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+") AS v")),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay in µs,
@@ -51,7 +58,7 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(VALUES (1)) AS v")),
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
 )
-SELECT queue, task_id, run_at, %s FROM ins`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins) AS d")),
+SELECT queue, task_id, run_at, %s FROM ins`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
 
 		// $1 queue, $2 task_id.
 		cancel: fmt.Sprintf(`UPDATE %s
@@ -65,9 +72,9 @@ WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')`, table, cl
 	UPDATE %s
 	SET run_at = $3, state = 'pending', version = version + 1, queued_at = NULL
 	WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')
-	RETURNING version
+	RETURNING version, run_at
 )
-SELECT version, %s FROM upd`, table, notify("$1::text", "(VALUES (1)) AS v")),
+SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHERE "+soon+") AS v")),
 
 		// $1 queue, $2 task_id. Explains why a guarded update found nothing.
 		state: fmt.Sprintf(`SELECT state FROM %s WHERE queue = $1 AND task_id = $2`, table),

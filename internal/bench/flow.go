@@ -175,7 +175,9 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 			}
 			id := fmt.Sprintf("steady-%d", i)
 			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: id, Payload: payload20, Delay: time.Hour})
+				// Due in 10s: within the outbox NotifyWithin, so the relay is woken at
+				// commit (a task due later is found by its next round instead).
+				_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: id, Payload: payload20, Delay: 10 * time.Second})
 				return err
 			})
 			if err != nil {
