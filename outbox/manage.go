@@ -89,6 +89,40 @@ func (c *Client) MarkDone(ctx context.Context, q Querier, queue, id string, vers
 	return n == 1, nil
 }
 
+// TaskKey names one version of a task, for MarkDoneMany.
+type TaskKey struct {
+	Queue, ID string
+	Version   int
+}
+
+// MarkDoneMany is MarkDone for many tasks in one statement (one commit, when q is a
+// pool): applied[i] tells whether keys[i] was marked done. Workers use it to record
+// the completions of plain handlers in batches.
+func (c *Client) MarkDoneMany(ctx context.Context, q Querier, keys []TaskKey) (applied []bool, err error) {
+	queues, ids, versions := make([]string, len(keys)), make([]string, len(keys)), make([]int32, len(keys))
+	index := make(map[[2]string]int, len(keys))
+	for i, k := range keys {
+		if err := checkGuard(k.Queue, k.ID, k.Version); err != nil {
+			return nil, fmt.Errorf("outbox: mark done: %w", err)
+		}
+		queues[i], ids[i], versions[i] = k.Queue, k.ID, int32(k.Version)
+		index[[2]string{k.Queue, k.ID}] = i
+	}
+	applied = make([]bool, len(keys))
+	err = pgxRunner{q}.query(ctx, c.sql.markDoneMany, []any{queues, ids, versions}, func(scan func(...any) error) error {
+		var queue, id string
+		if err := scan(&queue, &id); err != nil {
+			return err
+		}
+		applied[index[[2]string{queue, id}]] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: mark done (%d tasks): %w", len(keys), err)
+	}
+	return applied, nil
+}
+
 // RecordFailure records a failed attempt of the task at this version: its attempt number
 // and lastErr, cut to a summary of at most MaxErrorBytes bytes; with dead, the task
 // becomes dead (terminal; it waits for a person). Like MarkDone it changes nothing, and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -842,5 +843,41 @@ func TestConfig(t *testing.T) {
 	if d.Schema != "public" || d.MaxPayloadBytes != 64<<10 || d.DefaultMaxAttempts != 25 ||
 		d.NotifyChannel != "delayq_outbox" || d.ClearPayloadOnDone {
 		t.Errorf("defaults: %+v", d)
+	}
+}
+
+// TestMarkDoneMany: the guard for many tasks at once marks exactly the pending or
+// queued rows at the given version, and reports which.
+func TestMarkDoneMany(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	for _, id := range []string{"a", "b", "c", "d"} {
+		if _, err := b.client.Enqueue(ctx, b.pool, outbox.Task{Queue: "m", ID: id, Payload: []byte("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.client.Cancel(ctx, b.pool, "m", "c"); err != nil {
+		t.Fatal(err)
+	}
+	keys := []outbox.TaskKey{{"m", "a", 1}, {"m", "b", 2}, {"m", "c", 1}, {"m", "d", 1}, {"m", "missing", 1}}
+	applied, err := b.client.MarkDoneMany(ctx, b.pool, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false, true, false}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v (b: wrong version, c: cancelled, missing)", applied, want)
+	}
+	for id, want := range map[string]string{"a": "done", "b": "pending", "c": "cancelled", "d": "done"} {
+		if s := load(t, b.pool, "m", id); s.state != want {
+			t.Errorf("%s is %s, want %s", id, s.state, want)
+		}
+	}
+	again, err := b.client.MarkDoneMany(ctx, b.pool, keys[:1])
+	if err != nil || again[0] {
+		t.Fatalf("second MarkDoneMany of a: %v %v, want false", again, err)
+	}
+	if _, err := b.client.MarkDoneMany(ctx, b.pool, []outbox.TaskKey{{"m", "a", 0}}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("version 0: %v", err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 // statements are the SQL of a Client, with its table and channel spliced in (both are
 // validated plain identifiers).
 type statements struct {
-	enqueue, enqueueMany, cancel, reschedule, state, markDone, recordFailure string
+	enqueue, enqueueMany, cancel, reschedule, state, markDone, markDoneMany, recordFailure string
 }
 
 func newStatements(table string, cfg Config) statements {
@@ -83,6 +83,24 @@ SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHER
 		markDone: fmt.Sprintf(`UPDATE %s
 SET state = 'done', done_at = statement_timestamp(), payload = %s
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table, clear),
+
+		// Arrays $1 queue, $2 task_id, $3 version: the guard of markDone for many
+		// tasks in one statement. The rows are locked in key order first, so that
+		// two overlapping batches wait for each other instead of deadlocking.
+		markDoneMany: fmt.Sprintf(`WITH locked AS (
+	SELECT t.queue, t.task_id
+	FROM %[1]s t
+	JOIN unnest($1::text[], $2::text[], $3::int[]) AS k(queue, task_id, version)
+	  ON t.queue = k.queue AND t.task_id = k.task_id AND t.version = k.version
+	WHERE t.state IN ('pending', 'queued')
+	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
+	FOR UPDATE OF t
+)
+UPDATE %[1]s t
+SET state = 'done', done_at = statement_timestamp(), payload = %[2]s
+FROM locked l
+WHERE t.queue = l.queue AND t.task_id = l.task_id
+RETURNING t.queue, t.task_id`, table, clear),
 
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead.
 		recordFailure: fmt.Sprintf(`UPDATE %s

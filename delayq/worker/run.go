@@ -82,7 +82,11 @@ func (r *run) execute(ctx context.Context) outcome {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
 	defer cancel()
 	if err == nil {
-		o, err := r.complete(bctx, tx)
+		complete := r.complete
+		if q.plain != nil {
+			complete = func(ctx context.Context, _ pgx.Tx) (outcome, error) { return r.completePlain(ctx) }
+		}
+		o, err := complete(bctx, tx)
 		if err == nil {
 			return o
 		}
@@ -122,9 +126,9 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	}
 }
 
-// complete records a successful run: the guard (and the handler's writes, in tx)
-// commit together, then Redis is acknowledged. It returns an error when nothing
-// may have been committed.
+// complete records a successful transactional run: the guard and the handler's
+// writes, in tx, commit together, then Redis is acknowledged. It returns an error
+// when nothing may have been committed. (Plain runs go through completePlain.)
 func (r *run) complete(ctx context.Context, tx pgx.Tx) (outcome, error) {
 	w, t := r.w, r.t
 	if tx == nil {
@@ -155,6 +159,12 @@ func (r *run) complete(ctx context.Context, tx pgx.Tx) (outcome, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
+	return r.succeeded(ctx), nil
+}
+
+// succeeded counts a run whose completion committed and acks Redis.
+func (r *run) succeeded(ctx context.Context) outcome {
+	w, t := r.w, r.t
 	w.stats.succeeded.Add(1)
 	w.metrics.event(t.Queue, evSucceeded)
 	if err := r.ack(ctx); err != nil {
@@ -164,7 +174,7 @@ func (r *run) complete(ctx context.Context, tx pgx.Tx) (outcome, error) {
 				"queue", t.Queue, "id", t.ID, "err", err)
 		}
 	}
-	return outSucceeded, nil
+	return outSucceeded
 }
 
 // ack tells Redis the task is done.

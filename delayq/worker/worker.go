@@ -68,6 +68,8 @@ type Worker struct {
 	stats   counters
 	metrics *metrics
 	hooks   hooks
+	// completions feeds the batch recorder of plain runs (completer.go) while Run runs.
+	completions chan *completion
 
 	mu      sync.Mutex
 	queues  map[string]*queue
@@ -218,6 +220,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Handlers run under hard, which outlives ctx by the shutdown timeout.
 	hard, hardCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardCancel(nil)
+
+	w.completions = make(chan *completion)
+	recorded := make(chan struct{})
+	go func() { w.completeLoop(w.completions); close(recorded) }()
+	defer func() { close(w.completions); <-recorded }() // after every run has returned
 
 	var loops, runs sync.WaitGroup
 	for _, q := range queues {
