@@ -39,6 +39,9 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 			return usagef("unknown workload %q (known: %s)", n, strings.Join(bench.Workloads(), ", "))
 		}
 	}
+	if err := conn.checkURLs(); err != nil {
+		return err
+	}
 	stop, err := m.throwawayServers(ctx, &conn, true)
 	defer stop()
 	if err != nil {

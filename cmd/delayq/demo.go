@@ -32,6 +32,9 @@ func runDemo(ctx context.Context, m *Main, args []string) error {
 	if *spread <= 0 || *timeout <= 0 {
 		return usagef("--spread and --timeout must be positive")
 	}
+	if err := conn.checkURLs(); err != nil {
+		return err
+	}
 	stop, err := m.throwawayServers(ctx, &conn, false)
 	defer stop()
 	if err != nil {

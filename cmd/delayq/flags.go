@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,10 +86,9 @@ func (c *connFlags) openPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	if c.databaseURL == "" {
 		return nil, usagef("no PostgreSQL URL: set DATABASE_URL or --database-url")
 	}
-	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	cfg, err := parsePostgresURL(c.databaseURL)
 	if err != nil {
-		// pgx keeps passwords out of ParseConfigError; say which URL by its safe form.
-		return nil, usagef("malformed PostgreSQL URL %s: %v", redactURL(c.databaseURL), err)
+		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -106,9 +108,9 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 	if c.redisURL == "" {
 		return nil, usagef("no Redis URL: set REDIS_URL or --redis-url")
 	}
-	opt, err := redis.ParseURL(c.redisURL)
+	opt, err := parseRedisURL(c.redisURL)
 	if err != nil {
-		return nil, usagef("malformed Redis URL %s: %s", redactURL(c.redisURL), strings.ReplaceAll(err.Error(), c.redisURL, redactURL(c.redisURL)))
+		return nil, err
 	}
 	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -136,12 +138,130 @@ func (f urlFlag) Set(s string) error {
 	return nil
 }
 
-// redactURL returns u with any password replaced, safe for logs and errors. A
-// string that does not parse as a URL is not echoed at all.
+// redactURL returns u with any password replaced, safe for logs and errors: the
+// user information's password and query parameters such as password= and
+// sslpassword= (pgx reads them). A string that does not parse as a URL is not
+// echoed at all.
 func redactURL(u string) string {
 	p, err := url.Parse(u)
-	if err != nil || p.Scheme == "" {
+	if err != nil || p.Scheme == "" || p.Opaque != "" {
 		return "(unparseable URL)"
 	}
+	if _, rest, ok := strings.Cut(u, "://"); ok {
+		// An '@' after the host: a password holding an unescaped '/', '?' or '#'
+		// would end the host early and land in the path, query or fragment.
+		if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.Contains(rest[end:], "@") {
+			return p.Scheme + "://(not shown: '@' after the host)"
+		}
+	}
+	if p.RawQuery != "" {
+		q, err := url.ParseQuery(p.RawQuery)
+		masked := false
+		for k := range q {
+			if strings.Contains(strings.ToLower(k), "password") {
+				q[k] = []string{"xxxxx"}
+				masked = true
+			}
+		}
+		if masked || err != nil { // malformed pairs are dropped, not shown
+			p.RawQuery = q.Encode()
+		}
+	}
+	p.Fragment, p.RawFragment = "", ""
 	return p.Redacted()
+}
+
+// checkURLs parses the URLs given, so that a malformed one is reported here, with
+// no password in the message, rather than by code further down that shows the
+// parser's message as it is.
+func (c *connFlags) checkURLs() error {
+	if c.databaseURL != "" {
+		if _, err := parsePostgresURL(c.databaseURL); err != nil {
+			return err
+		}
+	}
+	if c.redisURL != "" {
+		if _, err := parseRedisURL(c.redisURL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parsePostgresURL parses a PostgreSQL URL or keyword/value string; its error is
+// a usage error that shows no password.
+func parsePostgresURL(s string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(s)
+	if err != nil {
+		return nil, usagef("malformed PostgreSQL URL %s: %s", redactURL(s), parseError(err, s))
+	}
+	return cfg, nil
+}
+
+// parseRedisURL parses a Redis URL; its error is a usage error that shows no
+// password.
+func parseRedisURL(s string) (*redis.Options, error) {
+	opt, err := redis.ParseURL(s)
+	if err != nil {
+		return nil, usagef("malformed Redis URL %s: %s", redactURL(s), parseError(err, s))
+	}
+	return opt, nil
+}
+
+// parseError is a parser's message about connString with whatever may be a
+// password in connString masked. The messages quote the part that failed, which
+// can be the password: an unescaped '/' in it ends the host early (`invalid port
+// ":secret"`), net/url quotes the whole URL, and pgx's own redaction of a
+// malformed string is best effort ("password = secret" passes it).
+func parseError(err error, connString string) string {
+	msg := err.Error()
+	for _, s := range secretsIn(connString) {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
+	}
+	return msg
+}
+
+// kvPassword finds the values of password= and sslpassword= in keyword/value and
+// query form, with the spaces around '=' that libpq allows.
+var kvPassword = regexp.MustCompile(`(?i)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S*)`)
+
+// secretsIn lists the strings of connString that may be a password or a piece of
+// one, longest first, raw, unescaped and as %q would print them: the user
+// information after its first ':' (up to the last '@') and its pieces between
+// '/', '?', '#', ':' and '@'; every value of a key ending in "password". Pieces
+// shorter than 3 bytes are left alone.
+func secretsIn(connString string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(v string) {
+		if len(v) < 3 || seen[v] {
+			return
+		}
+		seen[v] = true
+		q := strconv.Quote(v)
+		out = append(out, v, q[1:len(q)-1])
+		if d, err := url.PathUnescape(v); err == nil && d != v {
+			out = append(out, d)
+		}
+	}
+	if _, rest, ok := strings.Cut(connString, "://"); ok {
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+				for _, piece := range strings.FieldsFunc(pw, func(r rune) bool { return strings.ContainsRune("/?#:@", r) }) {
+					add(piece)
+				}
+			}
+		}
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(connString, -1) {
+		v := m[1]
+		add(v)
+		add(strings.Trim(v, "'"))
+		if i := strings.IndexAny(v, "&#"); i >= 0 {
+			add(v[:i])
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
 }

@@ -221,8 +221,8 @@ func openStores(ctx context.Context, conn *connFlags, opts reconcile.Options, ne
 	if conn.databaseURL == "" {
 		return nil, nil, nil, usagef("no PostgreSQL URL: set DATABASE_URL or --database-url")
 	}
-	if _, err := pgxpool.ParseConfig(conn.databaseURL); err != nil {
-		return nil, nil, nil, usagef("malformed PostgreSQL URL %s: %v", redactURL(conn.databaseURL), err)
+	if _, err := parsePostgresURL(conn.databaseURL); err != nil {
+		return nil, nil, nil, err
 	}
 	if needRedis {
 		if err := checkRedisFlags(conn); err != nil {
