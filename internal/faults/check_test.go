@@ -22,8 +22,8 @@ type checkOpts struct {
 	// person in the outbox), so a dead task may then be missing from Redis; it
 	// must still never be live there.
 	redisLost bool
-	// skew is the Redis clock minus the local clock, to read the handlers' local
-	// times on the Redis clock.
+	// skew is the Redis clock minus the local clock, exactly (0 when both are
+	// the machine's), to read the handlers' local times on the Redis clock.
 	skew time.Duration
 	// maxLateness, when set, bounds how late a first run may be claimed.
 	maxLateness time.Duration
@@ -181,7 +181,7 @@ func (s *system) check(ctx context.Context, l *load, o checkOpts) outcome {
 			case e.claimedAt.Before(runAt):
 				res.early++
 				res.note("early", "%s: claimed at %s, outbox run_at %s", k, stamp(e.claimedAt), stamp(r.runAt))
-			case local.Before(e.due.Add(-50 * time.Millisecond)):
+			case local.Before(e.due.Add(-5 * time.Millisecond)):
 				res.early++
 				res.note("early", "%s: handler started at %s (local clock on the Redis clock), due %s", k, stamp(local), stamp(e.due))
 			}
