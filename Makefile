@@ -17,10 +17,11 @@ demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/R
 
 .PHONY: test
 test: servers ## Run every test against real servers, with the race detector.
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x ./...
 
 .PHONY: bench
-bench: servers ## Run the benchmark workloads and print their figures.
+bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
+	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
 	$(GO) run ./cmd/delayq bench
 
 .PHONY: lint

@@ -81,3 +81,11 @@ func FuzzQueue(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkTaskID(b *testing.B) {
+	for b.Loop() {
+		if err := TaskID("payment:order-1001"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
