@@ -479,3 +479,156 @@ func Slot(key string) int {
 	}
 	return int(crc) % clusterSlots
 }
+
+// MoveSlot moves a hash slot, with its keys, to master to, as redis-cli --cluster
+// reshard does: BeginSlotMove, MigrateKeys (100 at a time) until none is left,
+// Finish.
+func (c *RedisCluster) MoveSlot(ctx context.Context, slot int, to *Redis) error {
+	m, err := c.BeginSlotMove(ctx, slot, to)
+	if err != nil || m == nil {
+		return err
+	}
+	defer m.Close()
+	for {
+		n, err := m.MigrateKeys(ctx, 100)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return m.Finish(ctx)
+		}
+	}
+}
+
+// SlotMove is a slot on its way from one master to another (BeginSlotMove).
+type SlotMove struct {
+	c        *RedisCluster
+	slot     int
+	from, to ClusterNode
+	src, dst *redis.Client
+	view     []ClusterNode
+}
+
+// BeginSlotMove starts moving slot to master to: the target imports it, the
+// source migrates it. Until Finish, a command on keys of the slot gets ASK for a
+// key that has moved, and a command on several keys of which some are missing
+// gets TRYAGAIN. It returns nil (and no error) when to serves the slot already.
+func (c *RedisCluster) BeginSlotMove(ctx context.Context, slot int, to *Redis) (*SlotMove, error) {
+	view, err := c.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := &SlotMove{c: c, slot: slot, view: view}
+	var haveFrom, haveTo bool
+	for _, v := range view {
+		if v.Master && !v.Failing && v.serves(slot) {
+			m.from, haveFrom = v, true
+		}
+		if v.Addr == to.Addr() {
+			m.to, haveTo = v, true
+		}
+	}
+	switch {
+	case !haveFrom:
+		return nil, fmt.Errorf("tempserver: no live master serves slot %d", slot)
+	case !haveTo || !m.to.Master || m.to.Failing:
+		return nil, fmt.Errorf("tempserver: %s is not a live master", to.Addr())
+	case m.from.ID == m.to.ID:
+		return nil, nil
+	}
+	src := c.Node(m.from.Addr)
+	if src == nil {
+		return nil, fmt.Errorf("tempserver: %s is not a node of this cluster", m.from.Addr)
+	}
+	m.src, m.dst = nodeClient(src), nodeClient(to)
+	if err := m.dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.from.ID).Err(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("tempserver: SETSLOT %d IMPORTING on %s: %w", slot, to.Addr(), err)
+	}
+	if err := m.src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.to.ID).Err(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("tempserver: SETSLOT %d MIGRATING on %s: %w", slot, src.Addr(), err)
+	}
+	return m, nil
+}
+
+// MigrateKeys moves up to n keys of the slot to the target (MIGRATE) and returns
+// how many it moved: 0 when none is left on the source.
+func (m *SlotMove) MigrateKeys(ctx context.Context, n int) (int, error) {
+	keys, err := m.src.ClusterGetKeysInSlot(ctx, m.slot, n).Result()
+	if err != nil {
+		return 0, fmt.Errorf("tempserver: GETKEYSINSLOT %d on %s: %w", m.slot, m.from.Addr, err)
+	}
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	host, port, _ := strings.Cut(m.to.Addr, ":")
+	args := []any{"MIGRATE", host, port, "", 0, 10000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	if err := m.src.Do(ctx, args...).Err(); err != nil {
+		return 0, fmt.Errorf("tempserver: MIGRATE %d keys of slot %d to %s: %w", len(keys), m.slot, m.to.Addr, err)
+	}
+	return len(keys), nil
+}
+
+// Finish gives the slot to the target on every master, once no key is left on the
+// source, and waits until every live node agrees.
+func (m *SlotMove) Finish(ctx context.Context) error {
+	if n, err := m.src.ClusterCountKeysInSlot(ctx, m.slot).Result(); err != nil || n > 0 {
+		return fmt.Errorf("tempserver: slot %d: %d keys left on %s (%v)", m.slot, n, m.from.Addr, err)
+	}
+	// The target first, so that it owns the slot before the source stops
+	// redirecting to it; then the source and the other masters (as redis-cli).
+	for _, v := range append([]ClusterNode{m.to, m.from}, m.view...) {
+		n := m.c.Node(v.Addr)
+		if !v.Master || v.Failing || n == nil || !n.running() {
+			continue
+		}
+		rdb := nodeClient(n)
+		err := rdb.Do(ctx, "CLUSTER", "SETSLOT", m.slot, "NODE", m.to.ID).Err()
+		rdb.Close()
+		if err != nil {
+			return fmt.Errorf("tempserver: SETSLOT %d NODE on %s: %w", m.slot, v.Addr, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		why := ""
+		for _, n := range m.c.Nodes {
+			if !n.running() {
+				continue
+			}
+			view, err := nodeView(ctx, n)
+			if err != nil {
+				why = err.Error()
+				break
+			}
+			i := slices.IndexFunc(view, func(v ClusterNode) bool { return v.Master && v.serves(m.slot) })
+			if i < 0 || view[i].ID != m.to.ID {
+				why = fmt.Sprintf("%s does not see slot %d on %s yet", n.Addr(), m.slot, m.to.Addr)
+				break
+			}
+		}
+		if why == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("tempserver: move slot %d: %w (%s)", m.slot, ctx.Err(), why)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Close releases the connections of m (it does not undo the move).
+func (m *SlotMove) Close() {
+	if m.src != nil {
+		m.src.Close()
+	}
+	if m.dst != nil {
+		m.dst.Close()
+	}
+}
