@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -32,6 +34,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Waiter", func(t *testing.T) { t.Parallel(); testWaiter(t, rdb, queues) })
 	t.Run("Relay", func(t *testing.T) { t.Parallel(); testRelay(t, rdb, queues) })
 	t.Run("Worker", func(t *testing.T) { t.Parallel(); testWorker(t, rdb, queues) })
+	t.Run("SlotMigration", func(t *testing.T) { t.Parallel(); testSlotMigration(t, rdb, cl, queues) })
 }
 
 // What the claimers of testDelayq do with a task at its first run.
@@ -509,4 +512,104 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	if st[0].Claimed == 0 || st[1].Claimed == 0 {
 		t.Errorf("a worker claimed nothing: %+v / %+v", st[0], st[1])
 	}
+}
+
+// testSlotMigration: while the slot of a queue moves to another master, every
+// script of the queue is refused with TRYAGAIN — its declared keys are not all on
+// one node, and one of them, the task key prefix, is never a key — so none runs
+// on half a queue; once the slot has moved, the queue works on its new master with
+// nothing lost. (The queue has a slot of its own: the other subtests go on.)
+func testSlotMigration(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.RedisCluster, queues []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const q = "moving"
+	dq := newDQ(t, rdb, testenv.ClusterPrefix(t, rdb), time.Minute)
+	k, err := dq.Keys(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := tempserver.Slot(k.Ready)
+	for _, other := range queues {
+		if tempserver.Slot("{"+other+"}") == slot {
+			t.Fatalf("queue %s shares slot %d with %s", q, slot, other)
+		}
+	}
+	var tasks []delayq.Task
+	for i := range 10 {
+		tasks = append(tasks, delayq.Task{ID: fmt.Sprintf("m%d", i)})
+	}
+	if _, err := dq.Enqueue(ctx, q, tasks...); err != nil {
+		t.Fatal(err)
+	}
+	from, err := cl.MasterFor(ctx, k.Ready)
+	if err != nil {
+		t.Fatal(err)
+	}
+	masters, err := cl.Masters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := masters[0]
+	if to == from {
+		to = masters[1]
+	}
+	mv, err := cl.BeginSlotMove(ctx, slot, to)
+	if err != nil || mv == nil {
+		t.Fatalf("begin slot move: %v", err)
+	}
+	defer mv.Close()
+	tryAgain := func(when string) {
+		t.Helper()
+		_, err := dq.Claim(ctx, q, 100, time.Minute)
+		if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
+			t.Errorf("claim %s: %v, want TRYAGAIN", when, err)
+		}
+		_, err = dq.Enqueue(ctx, q, delayq.Task{ID: "late"})
+		if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
+			t.Errorf("enqueue %s: %v, want TRYAGAIN", when, err)
+		}
+	}
+	tryAgain("with the slot migrating, no key moved")
+	if n, err := mv.MigrateKeys(ctx, 3); err != nil || n != 3 {
+		t.Fatalf("migrate 3 keys: %d, %v", n, err)
+	}
+	tryAgain("with 3 keys moved")
+	for {
+		n, err := mv.MigrateKeys(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if err := mv.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cl.MasterFor(ctx, k.Ready); err != nil || m != to {
+		t.Fatalf("after the move the queue is on %v (%v), want %s", m, err, to.Addr())
+	}
+	// Nothing ran during the move: every task is claimed now, at its first run,
+	// and the refused enqueue left nothing behind.
+	infos, err := dq.Inspect(ctx, q, "late")
+	if err != nil || infos[0].State != delayq.StateMissing {
+		t.Errorf("refused enqueue: %+v, %v", infos, err)
+	}
+	cl2, err := dq.Claim(ctx, q, 100, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cl2.Tasks) != len(tasks) {
+		t.Errorf("%d tasks claimed after the move, want %d", len(cl2.Tasks), len(tasks))
+	}
+	for _, ct := range cl2.Tasks {
+		if ct.Attempt != 1 {
+			t.Errorf("%s claimed at attempt %d", ct.ID, ct.Attempt)
+		}
+		if err := dq.Complete(ctx, q, ct.ID, ct.Token); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("queue %s (slot %d, %d tasks) moved from %s to %s; its scripts were refused with TRYAGAIN meanwhile",
+		q, slot, len(tasks), from.Addr(), to.Addr())
 }

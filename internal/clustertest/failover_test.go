@@ -18,8 +18,8 @@ import (
 	"github.com/delayq/delayq/relay/reconcile"
 )
 
-// TestClusterFailover fails masters over while producers, a relay and two workers
-// run on 50 queues, then reconciles. Every committed task runs exactly once in
+// TestClusterFailover fails masters over, then moves slots, while producers, a
+// relay and two workers run on 50 queues; it reconciles after each step. Every committed task runs exactly once in
 // effect (the effects table has no unique constraint), none before it was due.
 //
 //  1. Crash: the master serving the most queues is killed while its replica lags
@@ -29,6 +29,10 @@ import (
 //     the runs that a lost completion or claim brings back.
 //  2. Graceful: CLUSTER FAILOVER on the replica of another master, under load. The
 //     replica catches up before it takes over: reconcile finds nothing missing.
+//  3. Resharding: the slots of 5 queues move to another master, key by key, under
+//     load. While a queue's keys move, its scripts are refused (TRYAGAIN: some
+//     declared keys are gone, or are never keys, like the task key prefix) and
+//     retried; none runs on half a queue. Reconcile finds nothing missing.
 func TestClusterFailover(t *testing.T) {
 	t.Parallel()
 	rdb, cl := testenv.RedisCluster(t)
@@ -68,7 +72,9 @@ func TestClusterFailover(t *testing.T) {
 	defer cancel()
 
 	total := 0
-	phase := func(name string, perQueue int, fail func(m *tempserver.Redis) (*tempserver.Redis, error), victim string) reconcile.Report {
+	// phase runs a load of perQueue tasks per queue, disrupts the cluster after a
+	// third of it, waits until every task is done and reconciles.
+	phase := func(name string, perQueue int, disrupt func() (string, error)) reconcile.Report {
 		t.Helper()
 		var tasks []outbox.Task
 		for i := range perQueue {
@@ -99,7 +105,7 @@ func TestClusterFailover(t *testing.T) {
 		<-third
 		committed := pg.count(t, `SELECT count(*) FROM delayq_outbox`)
 		start := time.Now()
-		promoted, err := fail(cl.Node(victim))
+		what, err := disrupt()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -116,20 +122,53 @@ func TestClusterFailover(t *testing.T) {
 			s := pg.states(t)
 			return s["done"] == total, fmt.Sprint(s)
 		})
-		t.Logf("%s: master %s (%d queues) failed over to %s in %v, with %d of %d tasks committed; reconcile: %s",
-			name, victim, len(perMaster[victim]), promoted.Addr(), took.Round(time.Millisecond),
-			committed-(total-len(tasks)), len(tasks), describe(rep))
+		t.Logf("%s: %s in %v, with %d of %d tasks committed; reconcile: %s",
+			name, what, took.Round(time.Millisecond), committed-(total-len(tasks)), len(tasks), describe(rep))
 		return rep
 	}
 
-	crash := phase("crash", 60, func(m *tempserver.Redis) (*tempserver.Redis, error) {
-		return cl.KillMaster(ctx, m, 500*time.Millisecond)
-	}, masters[0])
-	graceful := phase("graceful", 30, func(m *tempserver.Redis) (*tempserver.Redis, error) {
-		return cl.Failover(ctx, m)
-	}, masters[1])
+	failover := func(victim string, crash bool) func() (string, error) {
+		return func() (string, error) {
+			var promoted *tempserver.Redis
+			var err error
+			if crash {
+				promoted, err = cl.KillMaster(ctx, cl.Node(victim), 500*time.Millisecond)
+			} else {
+				promoted, err = cl.Failover(ctx, cl.Node(victim))
+			}
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("master %s (%d queues) failed over to %s", victim, len(perMaster[victim]), promoted.Addr()), nil
+		}
+	}
+	crash := phase("crash", 60, failover(masters[0], true))
+	graceful := phase("graceful", 30, failover(masters[1], false))
 	if b := graceful.Kinds[reconcile.MissingInRedis]; b.Found > 0 {
 		t.Errorf("graceful failover: %d tasks missing in Redis, e.g. %v", b.Found, b.Samples)
+	}
+	reshard := phase("reshard", 30, func() (string, error) {
+		// The slots of 5 queues of the third master move to the first one's
+		// successor, key by key, under load.
+		moved := perMaster[masters[2]][:5]
+		to, err := cl.MasterFor(ctx, "{"+perMaster[masters[0]][0]+"}")
+		if err != nil {
+			return "", err
+		}
+		for _, q := range moved {
+			if err := cl.MoveSlot(ctx, tempserver.Slot("{"+q+"}"), to); err != nil {
+				return "", err
+			}
+		}
+		for _, q := range moved {
+			if m, err := cl.MasterFor(ctx, "{"+q+"}"); err != nil || m != to {
+				return "", fmt.Errorf("queue %s not on %s after the move (%v)", q, to.Addr(), err)
+			}
+		}
+		return fmt.Sprintf("slots of queues %v moved from %s to %s", moved, masters[2], to.Addr()), nil
+	})
+	if b := reshard.Kinds[reconcile.MissingInRedis]; b.Found > 0 {
+		t.Errorf("resharding: %d tasks missing in Redis, e.g. %v", b.Found, b.Samples)
 	}
 
 	pg.checkEffects(t)
@@ -148,10 +187,14 @@ func TestClusterFailover(t *testing.T) {
 	for _, w := range workers {
 		suppressed += w.Stats().Suppressed
 	}
-	t.Logf("failover: %d tasks on %d queues, 2 masters failed over (1 crashed with a lagging replica, 1 gracefully); "+
+	restored, removed := 0, 0
+	for _, r := range []reconcile.Report{crash, graceful, reshard} {
+		restored += r.Kinds[reconcile.MissingInRedis].Repaired
+		removed += r.Kinds[reconcile.FinishedInPostgres].Repaired
+	}
+	t.Logf("cluster faults: %d tasks on %d queues, 2 masters failed over (1 crashed with a lagging replica, 1 gracefully), 5 slots moved; "+
 		"reconcile restored %d tasks missing in Redis and removed %d finished ones; %d duplicate runs suppressed; lost 0, duplicated effects 0",
-		total, len(queues), crash.Kinds[reconcile.MissingInRedis].Repaired+graceful.Kinds[reconcile.MissingInRedis].Repaired,
-		crash.Kinds[reconcile.FinishedInPostgres].Repaired+graceful.Kinds[reconcile.FinishedInPostgres].Repaired, suppressed)
+		total, len(queues), restored, removed, suppressed)
 }
 
 // describe summarizes a reconcile report: the kinds found, with repairs.
