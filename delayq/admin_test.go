@@ -35,7 +35,7 @@ func TestProbe(t *testing.T) {
 	}
 	r, a, g, n := ps[0], ps[1], ps[2], ps[3]
 	if r.State != StateReady || !r.InReady || r.InActive || r.InDead || r.Version != 2 || r.MaxAttempts != 3 ||
-		!r.ReadyScore.Equal(now.Add(time.Hour).Truncate(time.Millisecond)) || !r.Consistent() {
+		!r.ReadyScore.Equal(ceilMilli(now.Add(time.Hour))) || !r.Consistent() {
 		t.Errorf("ready probe %+v", r)
 	}
 	if a.State != StateActive || !a.InActive || a.Attempt != 1 || a.ActiveScore.Before(now) || !a.Consistent() {

@@ -62,7 +62,7 @@ func TestEnqueueClaimComplete(t *testing.T) {
 		tb.Token == "" || tb.Token == cl.Tasks[0].Token {
 		t.Errorf("task b %+v", tb)
 	}
-	if want := now.Add(-time.Second).Truncate(time.Millisecond); !tb.Due.Equal(want) {
+	if want := ceilMilli(now.Add(-time.Second)); !tb.Due.Equal(want) {
 		t.Errorf("Due %v, want %v", tb.Due, want)
 	}
 	if d := tb.LeaseUntil.Sub(cl.Now); d != time.Minute {
@@ -228,7 +228,7 @@ func TestEnqueueHigherVersionReplaces(t *testing.T) {
 		t.Errorf("old lease after reschedule: %v", err)
 	}
 	ti := b.info(t, "v")
-	if ti.State != StateReady || string(ti.Payload) != "v2" || ti.Version != 2 || !ti.Score.Equal(later.Truncate(time.Millisecond)) {
+	if ti.State != StateReady || string(ti.Payload) != "v2" || ti.Version != 2 || !ti.Score.Equal(ceilMilli(later)) {
 		t.Errorf("rescheduled %+v", ti)
 	}
 	if n := b.rdb.ZCard(ctx, b.k.Active).Val(); n != 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestKeysFor(t *testing.T) {
@@ -86,4 +87,24 @@ func FuzzKeys(f *testing.F) {
 			t.Fatalf("validation let braces through: %q %q", queue, id)
 		}
 	})
+}
+
+// TestFormatScoreRoundsUp: a due time between two milliseconds becomes the later
+// one, so a task is never claimed before the time it was given.
+func TestFormatScoreRoundsUp(t *testing.T) {
+	t.Parallel()
+	base := time.UnixMilli(1_700_000_000_123)
+	for _, c := range []struct {
+		in   time.Time
+		want string
+	}{
+		{base, "1700000000.123"},
+		{base.Add(time.Microsecond), "1700000000.124"},
+		{base.Add(999 * time.Microsecond), "1700000000.124"},
+		{base.Add(time.Millisecond), "1700000000.124"},
+	} {
+		if got := formatScore(c.in); got != c.want {
+			t.Errorf("formatScore(%v) = %s, want %s", c.in, got, c.want)
+		}
+	}
 }

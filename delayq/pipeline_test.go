@@ -50,7 +50,7 @@ func TestEnqueuePipelined(t *testing.T) {
 		}
 	}
 	ti, err := b.c.Inspect(ctx, "a", "a6")
-	if err != nil || ti[0].State != StateReady || !ti[0].Score.Equal(due.Truncate(time.Millisecond)) || ti[0].MaxAttempts != 2 {
+	if err != nil || ti[0].State != StateReady || !ti[0].Score.Equal(ceilMilli(due)) || ti[0].MaxAttempts != 2 {
 		t.Errorf("a/a6: %+v, %v", ti, err)
 	}
 

@@ -56,10 +56,20 @@ func asNumber(v any, what string) (int64, error) {
 	return 0, replyErr("%s: want an integer, got %T", what, v)
 }
 
-// formatScore turns t into a ZSET score: Unix seconds with a millisecond fraction.
+// formatScore turns t into a ZSET score: Unix seconds with a millisecond fraction,
+// rounded up (ceilMilli), so that a task due at 12:00:00.0004 is never claimed at
+// 12:00:00.000.
 func formatScore(t time.Time) string {
-	ms := t.UnixMilli()
+	ms := ceilMilli(t).UnixMilli()
 	return strconv.FormatInt(ms/1000, 10) + "." + fmt.Sprintf("%03d", ms%1000)
+}
+
+// ceilMilli rounds t up to a whole millisecond: the due time a task gets in Redis.
+func ceilMilli(t time.Time) time.Time {
+	if c := t.Truncate(time.Millisecond); c.Before(t) {
+		return c.Add(time.Millisecond)
+	}
+	return t
 }
 
 // parseScore reads a ZSET score (seconds, possibly printed with binary noise such

@@ -41,7 +41,7 @@ func TestRelayMovesRows(t *testing.T) {
 		t.Errorf("mail ready = %v", got)
 	}
 	soon := b.info(t, "pay", "soon")
-	if soon.State != delayq.StateReady || !soon.Score.Equal(now.Add(10*time.Minute).Truncate(time.Millisecond)) ||
+	if soon.State != delayq.StateReady || !soon.Score.Equal(ceilMilli(now.Add(10*time.Minute))) ||
 		soon.MaxAttempts != 3 || soon.Version != 1 || string(soon.Payload) != "p" {
 		t.Errorf("pay/soon in Redis = %+v", soon)
 	}
@@ -319,7 +319,7 @@ func TestHorizon(t *testing.T) {
 	if early := runAt.Sub(queuedAt); early > horizon || early < 0 {
 		t.Errorf("q/later relayed %v before its run_at, want within the horizon (0..%v)", early, horizon)
 	}
-	if ti := b.info(t, "q", "later"); ti.State != delayq.StateReady || !ti.Score.Equal(runAt.Truncate(time.Millisecond)) {
+	if ti := b.info(t, "q", "later"); ti.State != delayq.StateReady || !ti.Score.Equal(ceilMilli(runAt)) {
 		t.Errorf("q/later in Redis: %+v, want ready at %v", ti, runAt)
 	}
 }
@@ -726,4 +726,12 @@ func TestRedisCluster(t *testing.T) {
 	if d := rl.metric(t, "delayq_relay_rows_total", "result", "duplicate"); d != float64(len(tasks)) {
 		t.Errorf("duplicates on the second round = %v, want %d", d, len(tasks))
 	}
+}
+
+// ceilMilli is the due time a task gets in Redis: rounded up to the millisecond.
+func ceilMilli(t time.Time) time.Time {
+	if c := t.Truncate(time.Millisecond); c.Before(t) {
+		return c.Add(time.Millisecond)
+	}
+	return t
 }
