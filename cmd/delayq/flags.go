@@ -108,11 +108,11 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 	if c.redisURL == "" {
 		return nil, usagef("no Redis URL: set REDIS_URL or --redis-url")
 	}
-	opt, err := parseRedisURL(c.redisURL)
+	newClient, _, _, err := parseRedisURL(c.redisURL)
 	if err != nil {
 		return nil, err
 	}
-	rdb := redis.NewClient(opt)
+	rdb := newClient()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
@@ -181,7 +181,7 @@ func (c *connFlags) checkURLs() error {
 		}
 	}
 	if c.redisURL != "" {
-		if _, err := parseRedisURL(c.redisURL); err != nil {
+		if _, _, _, err := parseRedisURL(c.redisURL); err != nil {
 			return err
 		}
 	}
@@ -200,12 +200,28 @@ func parsePostgresURL(s string) (*pgxpool.Config, error) {
 
 // parseRedisURL parses a Redis URL; its error is a usage error that shows no
 // password.
-func parseRedisURL(s string) (*redis.Options, error) {
+//
+// A URL naming more nodes with addr parameters is a Redis Cluster
+// (redis://user:pass@host1:6379?addr=host2:6379&addr=host3:6379). Its client
+// re-reads the cluster layout every second: go-redis's default of a minute
+// would leave it talking to a crashed master that long after a failover.
+// network and addr name a node to dial first, for a plain reachability check.
+func parseRedisURL(s string) (newClient func() redis.UniversalClient, network, addr string, err error) {
+	if u, perr := url.Parse(s); perr == nil && u.Query().Has("addr") {
+		opt, err := redis.ParseClusterURL(s)
+		if err != nil {
+			return nil, "", "", usagef("malformed Redis Cluster URL %s: %s", redactURL(s), parseError(err, s))
+		}
+		if opt.ClusterStateReloadInterval == 0 {
+			opt.ClusterStateReloadInterval = time.Second
+		}
+		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, "tcp", opt.Addrs[0], nil
+	}
 	opt, err := redis.ParseURL(s)
 	if err != nil {
-		return nil, usagef("malformed Redis URL %s: %s", redactURL(s), parseError(err, s))
+		return nil, "", "", usagef("malformed Redis URL %s: %s", redactURL(s), parseError(err, s))
 	}
-	return opt, nil
+	return func() redis.UniversalClient { return redis.NewClient(opt) }, opt.Network, opt.Addr, nil
 }
 
 // parseError is a parser's message about connString with whatever may be a

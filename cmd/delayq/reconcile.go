@@ -252,8 +252,8 @@ func checkRedisFlags(conn *connFlags) error {
 	if conn.redisURL == "" {
 		return usagef("no Redis URL: set REDIS_URL or --redis-url")
 	}
-	if _, err := redis.ParseURL(conn.redisURL); err != nil {
-		return usagef("malformed Redis URL %s", redactURL(conn.redisURL))
+	if _, _, _, err := parseRedisURL(conn.redisURL); err != nil {
+		return err
 	}
 	return nil
 }
@@ -262,9 +262,9 @@ func checkRedisFlags(conn *connFlags) error {
 // every failed dial on its own logger (standard error) before it returns the
 // error, so a plain TCP dial first turns an unreachable server into one error line.
 func openDelayq(ctx context.Context, conn *connFlags) (redis.UniversalClient, *delayq.Client, error) {
-	if opt, err := redis.ParseURL(conn.redisURL); err == nil {
+	if _, network, addr, err := parseRedisURL(conn.redisURL); err == nil {
 		d := net.Dialer{Timeout: 10 * time.Second}
-		c, err := d.DialContext(ctx, opt.Network, opt.Addr)
+		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, nil, fmt.Errorf("Redis %s unreachable: %w", redactURL(conn.redisURL), err)
 		}
