@@ -137,7 +137,8 @@ func newSession(ctx context.Context, env Env, name string) (*session, error) {
 	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	s := &session{env: env,
 		schema: "bench_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix,
-		prefix: "bench." + suffix}
+		// Short, as the default "dq" is: key length counts in the memory figure.
+		prefix: fmt.Sprintf("b%x", time.Now().UnixNano()%0xfffff)}
 	pcfg, err := pgxpool.ParseConfig(env.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)

@@ -21,11 +21,16 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	for i := 0; i < n; i += 10_000 {
 		tasks = tasks[:0]
 		for j := i; j < min(i+10_000, n); j++ {
-			tasks = append(tasks, outbox.Task{Queue: "bench", ID: fmt.Sprintf("order-%08d", j), Payload: payload20, Delay: time.Hour})
+			tasks = append(tasks, outbox.Task{Queue: "bench", ID: fmt.Sprintf("order-%07d", j), Payload: payload20, Delay: time.Hour})
 		}
 		if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
 			return err
 		}
+	}
+	// The backlog as producers leave it (pending rows), then as the relay leaves it.
+	var pendingBytes int64
+	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", s.ob.Table()).Scan(&pendingBytes); err != nil {
+		return err
 	}
 	before, err := s.usedMemory(ctx)
 	if err != nil {
@@ -61,8 +66,9 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	if _, err := s.pool.Exec(ctx, "VACUUM "+s.ob.Table()); err != nil {
 		return err
 	}
-	var pgBytes int64
-	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", s.ob.Table()).Scan(&pgBytes); err != nil {
+	var pgBytes, heapBytes int64
+	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass), pg_relation_size($1::regclass)", s.ob.Table()).
+		Scan(&pgBytes, &heapBytes); err != nil {
 		return err
 	}
 	st, err := s.dq.Stats(ctx, "bench")
@@ -75,6 +81,8 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	}
 	r.add("redis_bytes_per_task", float64(after-before)/float64(n), "B")
 	r.add("postgres_bytes_per_row", float64(pgBytes)/float64(n), "B")
+	r.add("postgres_heap_bytes_per_row", float64(heapBytes)/float64(n), "B")
+	r.add("postgres_pending_bytes_per_row", float64(pendingBytes)/float64(n), "B")
 	return nil
 }
 
