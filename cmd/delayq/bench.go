@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 
@@ -24,6 +25,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	conn.register(fs, m, true, true)
 	asJSON := fs.Bool("json", false, "print one JSON line per workload")
 	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (this process: relay, workers, producers) to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -50,6 +52,17 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	self, err := os.Executable() // the recovery workload runs `delayq worker` as a process
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self}
 	var failed []string

@@ -97,9 +97,11 @@ const maxConcurrency = 1000
 // QueueConfig configures the handling of one queue. The zero value means every
 // default.
 type QueueConfig struct {
-	// Concurrency is how many of the queue's tasks this worker runs at once; a claim
-	// asks for as many tasks as there are free slots. With transactional handlers
-	// each running task holds a Postgres connection: size the pool accordingly.
+	// Concurrency is how many of the queue's handlers this worker runs at once; a
+	// claim asks for as many tasks as there are free slots. A transactional run
+	// holds its slot until its transaction committed (and each holds a Postgres
+	// connection: size the pool accordingly); a plain run frees it when its handler
+	// returns, and its completion is recorded in the background, in batches.
 	// Default 10; 1..1000.
 	Concurrency int
 

@@ -17,6 +17,10 @@ import (
 
 // run is one run of one claimed task.
 type run struct {
+	// slot frees the run's concurrency slot (idempotent): a plain run frees it
+	// when its handler returns, before the bookkeeping, so a slow commit does not
+	// keep the next due task from starting.
+	slot  func()
 	w     *Worker
 	q     *queue
 	ct    delayq.ClaimedTask
@@ -27,12 +31,12 @@ type run struct {
 
 // run executes a claimed task and does its bookkeeping. hard is cancelled when the
 // shutdown timeout has passed.
-func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time) {
+func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) {
 	maxAttempts := ct.MaxAttempts
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
 		maxAttempts = q.cfg.MaxAttempts
 	}
-	r := &run{w: w, q: q, ct: ct, t: &Task{
+	r := &run{slot: slot, w: w, q: q, ct: ct, t: &Task{
 		Queue: ct.Queue, ID: ct.ID, Payload: ct.Payload, Attempt: ct.Attempt,
 		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
 	}}
@@ -75,6 +79,7 @@ func (r *run) execute(ctx context.Context) outcome {
 		}
 	} else {
 		err = r.call(func() error { return q.plain(ctx, t) })
+		r.slot()
 	}
 
 	// Bookkeeping outlives the handler's context: a finished handler's work is

@@ -309,8 +309,9 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 		free(n - len(cl.Tasks))
 		for _, ct := range cl.Tasks {
 			runs.Go(func() {
-				defer free(1)
-				w.run(hard, q, ct, cl.Now)
+				slot := sync.OnceFunc(func() { free(1) })
+				defer slot()
+				w.run(hard, q, ct, cl.Now, slot)
 			})
 		}
 		if cl.NextDue != 0 {
