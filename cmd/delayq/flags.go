@@ -1,10 +1,15 @@
 package main
 
 import (
+	"log/slog"
+
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/delayq/delayq/delayq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"io"
 	"net/url"
 	"regexp"
@@ -120,6 +125,41 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 		return nil, fmt.Errorf("Redis %s unreachable: %w", redactURL(c.redisURL), err)
 	}
 	return rdb, nil
+}
+
+// sidecarDeps is what the long-running commands (relay, worker) connect to: both
+// servers, a delayq client and a Prometheus registry with the process collectors.
+type sidecarDeps struct {
+	pool *pgxpool.Pool
+	rdb  redis.UniversalClient
+	dq   *delayq.Client
+	reg  *prometheus.Registry
+}
+
+func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*sidecarDeps, error) {
+	pool, err := c.openPostgres(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := c.openRedis(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	dq, err := delayq.New(rdb, delayq.Config{Prefix: c.prefix, Logger: logger})
+	if err != nil {
+		pool.Close()
+		_ = rdb.Close()
+		return nil, usagef("%v", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &sidecarDeps{pool: pool, rdb: rdb, dq: dq, reg: reg}, nil
+}
+
+func (s *sidecarDeps) close() {
+	s.pool.Close()
+	_ = s.rdb.Close()
 }
 
 // urlFlag is a URL flag whose value, when shown (as the default from the

@@ -7,10 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/delayq/delayq/relay"
 )
@@ -84,23 +80,12 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		return usagef("%s", strings.TrimPrefix(err.Error(), relay.ErrInvalidConfig.Error()+": "))
 	}
 
-	pool, err := conn.openPostgres(ctx)
+	deps, err := conn.openSidecar(ctx, logger)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rdb, err := conn.openRedis(ctx)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: conn.prefix, Logger: logger})
-	if err != nil {
-		return usagef("%v", err)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	defer deps.close()
+	pool, rdb, dq, reg := deps.pool, deps.rdb, deps.dq, deps.reg
 	cfg.Registerer = reg
 	rl, err := relay.New(pool, dq, cfg)
 	if err != nil {

@@ -13,10 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/delayq/delayq/internal/validate"
@@ -141,23 +137,12 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 		return usagef("%v", err)
 	}
 
-	pool, err := conn.openPostgres(ctx)
+	deps, err := conn.openSidecar(ctx, logger)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rdb, err := conn.openRedis(ctx)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: conn.prefix, Logger: logger})
-	if err != nil {
-		return usagef("%v", err)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	defer deps.close()
+	pool, rdb, dq, reg := deps.pool, deps.rdb, deps.dq, deps.reg
 	cfg.Registerer = reg
 	w, err := worker.New(pool, dq, ob, cfg)
 	if err != nil {
