@@ -1,0 +1,319 @@
+package securitytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
+)
+
+// The least Redis permissions of the relay and of the workers: the commands they
+// send (EVALSHA, EVAL when a script is not cached, SCRIPT LOAD for the relay's
+// pipelined enqueue, SUBSCRIBE for the workers' wake-ups, PING for readiness)
+// and every command their Lua scripts call, which Redis checks against the ACL
+// too. docs/SECURITY.md shows these lines (TestSecurityDocACL keeps them equal).
+var (
+	// relayCommands: scripts enqueue, reap, inspect (mirroring dead tasks).
+	relayCommands = []string{"ping", "evalsha", "eval", "script|load",
+		"hdel", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
+	// workerCommands: scripts claim, extend, complete, retry, kill, release.
+	workerCommands = []string{"ping", "evalsha", "eval", "subscribe",
+		"del", "hdel", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
+	// operatorCommands: the commands reconcile, check, stats, dead and cancel
+	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds).
+	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan",
+		"del", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
+)
+
+// aclRules are the ACL rules (after "user NAME on >PASSWORD") that give a user the
+// commands on the keys and channels of one key prefix, and nothing else.
+func aclRules(prefix string, commands []string) []string {
+	r := []string{"resetkeys", "~" + prefix + ":*", "resetchannels", "&" + prefix + ":*", "-@all"}
+	for _, c := range commands {
+		r = append(r, "+"+c)
+	}
+	return r
+}
+
+// aclLine is the ACL file / redis.conf line of a user.
+func aclLine(name, password, prefix string, commands []string) string {
+	return strings.Join(append([]string{"user", name, "on", ">" + password}, aclRules(prefix, commands)...), " ")
+}
+
+// aclServerArgs are the redis-server arguments that create the user.
+func aclServerArgs(name, password, prefix string, commands []string) []string {
+	return append([]string{"--user", name, "on", ">" + password}, aclRules(prefix, commands)...)
+}
+
+// aclLog returns the entries of ACL LOG, one line each.
+func aclLog(t *testing.T, admin *redis.Client) []string {
+	t.Helper()
+	v, err := admin.Do(context.Background(), "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatalf("ACL LOG: %v", err)
+	}
+	var out []string
+	for _, e := range v {
+		m, ok := e.(map[any]any)
+		if !ok {
+			out = append(out, fmt.Sprint(e))
+			continue
+		}
+		out = append(out, fmt.Sprintf("user=%v reason=%v object=%v context=%v", m["username"], m["reason"], m["object"], m["context"]))
+	}
+	return out
+}
+
+func userClient(t *testing.T, addr, user, password string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: password})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestLeastPrivilegeACL runs the relay and a worker as Redis users holding only
+// relayCommands and workerCommands on their prefix, through every script they
+// have: enqueue (also after SCRIPT FLUSH, so SCRIPT LOAD and EVAL), claim,
+// heartbeats, complete, retry, kill and its mirror to Postgres, a reaped lease,
+// a release at shutdown. Every task ends where it should and Redis refused
+// nothing (ACL LOG stays empty). Then commands, keys and channels outside the
+// set are refused.
+func TestLeastPrivilegeACL(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t, 2*time.Minute)
+	const (
+		prefix   = "sec"
+		adminPW  = "admin-pw-0a1b"
+		relayPW  = "relay-pw-2c3d"
+		workerPW = "worker-pw-4e5f"
+	)
+	args := []string{"--requirepass", adminPW}
+	args = append(args, aclServerArgs("delayq-relay", relayPW, prefix, relayCommands)...)
+	args = append(args, aclServerArgs("delayq-worker", workerPW, prefix, workerCommands)...)
+	srv := testenv.OwnRedis(t, args...)
+	admin := userClient(t, srv.Addr(), "default", adminPW)
+	relayRDB := userClient(t, srv.Addr(), "delayq-relay", relayPW)
+	workerRDB := userClient(t, srv.Addr(), "delayq-worker", workerPW)
+	if entries := aclLog(t, admin); len(entries) != 0 {
+		t.Fatalf("ACL LOG not empty at the start: %v", entries)
+	}
+
+	pgURL := testenv.PostgresURL(t)
+	producer := testenv.Pool(t, pgURL)
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminDQ, err := delayq.New(admin, delayq.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayDQ, err := delayq.New(relayRDB, delayq.Config{Prefix: prefix,
+		ReapBackoffBase: 10 * time.Millisecond, ReapBackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	workerDQ, err := delayq.New(workerRDB, delayq.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(queue, id string) {
+		t.Helper()
+		if _, err := ob.Enqueue(ctx, producer, outbox.Task{Queue: queue, ID: id, Payload: []byte(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(queue, id string) string {
+		var s string
+		if err := producer.QueryRow(ctx, `SELECT state FROM delayq_outbox WHERE queue = $1 AND task_id = $2`, queue, id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	redisState := func(queue, id string) delayq.TaskInfo {
+		info, err := adminDQ.Inspect(ctx, queue, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info[0]
+	}
+
+	// The relay, as user delayq-relay.
+	rl, err := relay.New(testenv.Pool(t, pgURL), relayDQ, relay.Config{
+		PollInterval: 100 * time.Millisecond, ReapInterval: 100 * time.Millisecond,
+		Retention: -1, StatsInterval: -1, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			t.Errorf("relay Run: %v", err)
+		}
+	}()
+
+	// A worker that crashes holding a lease: claimed as delayq-worker, never
+	// settled; the relay's reaper takes it back.
+	enqueue("crashed", "c-1")
+	waitFor(t, 30*time.Second, "c-1 in Redis", func() bool { return redisState("crashed", "c-1").State == delayq.StateReady })
+	cl, err := workerDQ.Claim(ctx, "crashed", 1, 100*time.Millisecond)
+	if err != nil || len(cl.Tasks) != 1 {
+		t.Fatalf("claim c-1 as the worker user: %+v %v", cl, err)
+	}
+
+	// Scripts flushed: the relay's next pipelined enqueue needs SCRIPT LOAD, every
+	// other first call falls back from EVALSHA to EVAL.
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		enqueue("ok", fmt.Sprintf("ok-%d", i))
+	}
+	enqueue("ok", "ok-long")
+	enqueue("flaky", "f-1")
+	enqueue("doomed", "d-1")
+	enqueue("hang", "h-1")
+
+	// The worker, as user delayq-worker.
+	w, err := worker.New(testenv.Pool(t, pgURL), workerDQ, ob, worker.Config{
+		Lease: 600 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond,
+		ShutdownTimeout: -1, ErrorPause: 50 * time.Millisecond, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		ran     = map[string]int{}
+		hanging = make(chan struct{})
+	)
+	count := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		ran[id]++
+		return ran[id]
+	}
+	fast := worker.QueueConfig{Backoff: worker.Backoff{Base: 10 * time.Millisecond, Max: 20 * time.Millisecond}}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(w.Handle("ok", func(ctx context.Context, task *worker.Task) error {
+		count(task.ID)
+		if task.ID == "ok-long" { // outlives two leases: heartbeats must extend it
+			select {
+			case <-time.After(1500 * time.Millisecond):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
+		return nil
+	}, fast))
+	must(w.Handle("flaky", func(ctx context.Context, task *worker.Task) error {
+		if count(task.ID) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}, fast))
+	must(w.Handle("doomed", func(ctx context.Context, task *worker.Task) error {
+		count(task.ID)
+		return worker.NoRetry(errors.New("never works"))
+	}, fast))
+	must(w.Handle("crashed", func(ctx context.Context, task *worker.Task) error {
+		count(task.ID)
+		return nil
+	}, fast))
+	must(w.Handle("hang", func(ctx context.Context, task *worker.Task) error {
+		count(task.ID)
+		close(hanging)
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}, fast))
+	workerCtx, stopWorker := context.WithCancel(ctx)
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- w.Run(workerCtx) }()
+
+	done := func(queue, id string) func() bool { return func() bool { return state(queue, id) == "done" } }
+	for i := range 4 {
+		waitFor(t, 30*time.Second, "ok task done", done("ok", fmt.Sprintf("ok-%d", i)))
+	}
+	waitFor(t, 30*time.Second, "ok-long done", done("ok", "ok-long"))
+	waitFor(t, 30*time.Second, "f-1 done", done("flaky", "f-1"))
+	waitFor(t, 30*time.Second, "c-1 reaped and done", done("crashed", "c-1"))
+	waitFor(t, 30*time.Second, "d-1 dead", func() bool { return state("doomed", "d-1") == "dead" })
+	select {
+	case <-hanging:
+	case <-time.After(30 * time.Second):
+		t.Fatal("h-1 never started")
+	}
+	stopWorker()
+	if err := <-workerDone; err != nil {
+		t.Fatalf("worker Run: %v", err)
+	}
+	if info := redisState("hang", "h-1"); info.State != delayq.StateReady {
+		t.Errorf("h-1 after shutdown: %+v, want released to ready", info)
+	}
+	if info := redisState("doomed", "d-1"); info.State != delayq.StateDead {
+		t.Errorf("d-1 in Redis: %+v, want dead", info)
+	}
+	mu.Lock()
+	if ran["ok-long"] != 1 || ran["f-1"] != 2 || ran["d-1"] != 1 || ran["c-1"] != 1 {
+		t.Errorf("runs: %v; want ok-long once (heartbeats held its lease), f-1 twice, d-1 and c-1 once", ran)
+	}
+	mu.Unlock()
+	if entries := aclLog(t, admin); len(entries) != 0 {
+		t.Fatalf("Redis refused commands of the relay or the worker:\n%s", strings.Join(entries, "\n"))
+	}
+
+	// Outside the set: refused.
+	refused := func(who string, c *redis.Client, args ...any) {
+		t.Helper()
+		err := c.Do(ctx, args...).Err()
+		// Outside a script: NOPERM. Inside: "The user executing the script can't
+		// run this command", "can't access", "can't publish".
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") && !strings.Contains(err.Error(), "user executing the script can't") {
+			t.Errorf("%s: %v: %v, want a permission error", who, args, err)
+		}
+	}
+	for _, c := range []struct {
+		who string
+		rdb *redis.Client
+	}{{"relay", relayRDB}, {"worker", workerRDB}} {
+		refused(c.who, c.rdb, "FLUSHALL")
+		refused(c.who, c.rdb, "KEYS", "*")
+		refused(c.who, c.rdb, "CONFIG", "GET", "maxmemory")
+		refused(c.who, c.rdb, "ACL", "LIST")
+		refused(c.who, c.rdb, "SET", prefix+":x", "1")                      // a command not in the set
+		refused(c.who, c.rdb, "HSET", "other:{q}:t:x", "s", "r")            // a key outside the prefix
+		refused(c.who, c.rdb, "EVAL", "return redis.call('FLUSHALL')", "0") // through a script
+		refused(c.who, c.rdb, "EVAL", "return redis.call('HSET', KEYS[1], 'f', 'v')", "1", "other:x")
+		refused(c.who, c.rdb, "EVAL", "return redis.call('PUBLISH', 'other:wake', 'x')", "0") // a channel outside
+		refused(c.who, c.rdb, "SCAN", "0")
+		refused(c.who, c.rdb, "ZCARD", prefix+":{ok}:ready")
+	}
+	refused("relay", relayRDB, "SUBSCRIBE", prefix+":{ok}:wake")
+	refused("worker", workerRDB, "SCRIPT", "FLUSH")
+	ps := workerRDB.Subscribe(ctx, "other:{ok}:wake")
+	if _, err := ps.Receive(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("worker SUBSCRIBE to a channel outside its prefix: %v, want NOPERM", err)
+	}
+	_ = ps.Close()
+	if entries := aclLog(t, admin); len(entries) == 0 {
+		t.Error("ACL LOG stayed empty after refused commands: the check above proves nothing")
+	}
+}
