@@ -168,6 +168,8 @@ func FuzzURLErrors(f *testing.F) {
 	f.Add(uint8(4), "host=h port=x", "")
 	f.Add(uint8(5), "/x@h:1/db", "")
 	f.Add(uint8(6), "h:1/d?sslmode=bogus", "\x7f")
+	f.Add(uint8(0), "127.0.0.1:1?addr=127.0.0.1:2&addr=x:notaport", "/x")
+	f.Add(uint8(1), "h:1/0?addr=[oops", "")
 	f.Fuzz(func(t *testing.T, form uint8, tail, pwTail string) {
 		if strings.Contains(tail, fuzzPassword) || strings.Contains(pwTail, fuzzPassword) {
 			return
