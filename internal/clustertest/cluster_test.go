@@ -401,7 +401,7 @@ func testRelay(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			}
 			for i, in := range infos {
 				if in.State != delayq.StateReady || string(in.Payload) != string(ts[i].Payload) || in.Version != 1 ||
-					!in.Score.Equal(ts[i].RunAt.Truncate(time.Millisecond)) {
+					!in.Score.Equal(ceilMilli(ts[i].RunAt)) {
 					t.Errorf("%s/%s: %+v, want ready at %v with payload %q", q, in.ID, in, ts[i].RunAt, ts[i].Payload)
 				}
 			}
@@ -612,4 +612,12 @@ func testSlotMigration(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Re
 	}
 	t.Logf("queue %s (slot %d, %d tasks) moved from %s to %s; its scripts were refused with TRYAGAIN meanwhile",
 		q, slot, len(tasks), from.Addr(), to.Addr())
+}
+
+// ceilMilli is the due time a task gets in Redis: rounded up to the millisecond.
+func ceilMilli(t time.Time) time.Time {
+	if c := t.Truncate(time.Millisecond); c.Before(t) {
+		return c.Add(time.Millisecond)
+	}
+	return t
 }
