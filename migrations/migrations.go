@@ -319,7 +319,8 @@ func Up(ctx context.Context, db *sql.DB, cfg Config) ([]Result, error) {
 func OpenDB(connString string) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {
-		return nil, fmt.Errorf("migrations: parse connection string: %w", err)
+		// pgx's message can quote a malformed string, password included.
+		return nil, errors.New("migrations: malformed connection string (details withheld: it may contain a password)")
 	}
 	return stdlib.OpenDB(*cfg), nil
 }

@@ -169,3 +169,15 @@ func TestHelpHidesPasswords(t *testing.T) {
 		}
 	}
 }
+
+// TestTaskEnvironWithoutURLs: a task command run by `delayq worker --exec` does
+// not get the servers' URLs (or their passwords).
+func TestTaskEnvironWithoutURLs(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://u:hunter2@db/app")
+	t.Setenv("REDIS_URL", "redis://u:hunter2@cache:6379")
+	t.Setenv("DELAYQ_KEEP_ME", "yes")
+	env := strings.Join(taskEnviron(), "\n")
+	if strings.Contains(env, "hunter2") || !strings.Contains(env, "DELAYQ_KEEP_ME=yes") {
+		t.Fatalf("task environment:\n%s", env)
+	}
+}

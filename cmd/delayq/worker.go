@@ -190,12 +190,25 @@ type execHandler struct {
 	deadExit int
 }
 
+// taskEnviron is the worker's environment without the servers' URLs (and the
+// passwords in them): a task's command has no business with delayq's stores.
+func taskEnviron() []string {
+	env := os.Environ()
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 func (h execHandler) handle(ctx context.Context, t *worker.Task) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", h.command)
 	cmd.Stdin = bytes.NewReader(t.Payload)
 	out := &tailBuffer{max: 4 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(taskEnviron(),
 		"DELAYQ_QUEUE="+t.Queue,
 		"DELAYQ_TASK_ID="+t.ID,
 		"DELAYQ_IDEMPOTENCY_KEY="+t.IdempotencyKey(),
