@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"io"
@@ -155,6 +156,20 @@ func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*side
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &sidecarDeps{pool: pool, rdb: rdb, dq: dq, reg: reg}, nil
+}
+
+// startAdmin serves /metrics, /healthz and /readyz (both servers checked) on
+// listen; an empty listen serves nothing and returns nil.
+func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger) (*sidecar.Server, error) {
+	if listen == "" {
+		return nil, nil
+	}
+	return sidecar.Start(sidecar.Config{
+		Addr:     listen,
+		Gatherer: s.reg,
+		Checks:   []sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)},
+		Logger:   logger,
+	})
 }
 
 func (s *sidecarDeps) close() {

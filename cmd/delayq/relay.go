@@ -85,9 +85,8 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer deps.close()
-	pool, rdb, dq, reg := deps.pool, deps.rdb, deps.dq, deps.reg
-	cfg.Registerer = reg
-	rl, err := relay.New(pool, dq, cfg)
+	cfg.Registerer = deps.reg
+	rl, err := relay.New(deps.pool, deps.dq, cfg)
 	if err != nil {
 		return err
 	}
@@ -95,17 +94,9 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 
-	var admin *sidecar.Server
-	if listen != "" {
-		admin, err = sidecar.Start(sidecar.Config{
-			Addr:     listen,
-			Gatherer: reg,
-			Checks:   []sidecar.Check{sidecar.PostgresCheck(pool), sidecar.RedisCheck(rdb)},
-			Logger:   logger,
-		})
-		if err != nil {
-			return err
-		}
+	admin, err := deps.startAdmin(listen, logger)
+	if err != nil {
+		return err
 	}
 	eff := rl.Config()
 	logger.Info("relay: started",

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq/worker"
-	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -142,9 +141,8 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer deps.close()
-	pool, rdb, dq, reg := deps.pool, deps.rdb, deps.dq, deps.reg
-	cfg.Registerer = reg
-	w, err := worker.New(pool, dq, ob, cfg)
+	cfg.Registerer = deps.reg
+	w, err := worker.New(deps.pool, deps.dq, ob, cfg)
 	if err != nil {
 		return err
 	}
@@ -155,17 +153,9 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 		}
 	}
 
-	var admin *sidecar.Server
-	if listen != "" {
-		admin, err = sidecar.Start(sidecar.Config{
-			Addr:     listen,
-			Gatherer: reg,
-			Checks:   []sidecar.Check{sidecar.PostgresCheck(pool), sidecar.RedisCheck(rdb)},
-			Logger:   logger,
-		})
-		if err != nil {
-			return err
-		}
+	admin, err := deps.startAdmin(listen, logger)
+	if err != nil {
+		return err
 	}
 	eff := w.Config()
 	logger.Info("worker: starting",
