@@ -20,6 +20,7 @@ var luaFS embed.FS
 const (
 	maxAttemptsLimit = 1_000_000
 	maxClaim         = 1000
+	maxComplete      = 1000
 	maxReap          = 10000
 	maxInspect       = 1000
 	// MaxErrorBytes is the longest error summary kept; longer ones are cut.
@@ -193,10 +194,17 @@ func (c *Client) leaseArgs(queue, id, token string) (Keys, error) {
 	if err != nil {
 		return Keys{}, err
 	}
-	if token == "" || len(token) > 100 {
-		return Keys{}, fmt.Errorf("%w: lease token of %d bytes", ErrInvalidArgument, len(token))
+	if err := checkToken(token); err != nil {
+		return Keys{}, err
 	}
 	return k, nil
+}
+
+func checkToken(token string) error {
+	if token == "" || len(token) > 100 {
+		return fmt.Errorf("%w: lease token of %d bytes", ErrInvalidArgument, len(token))
+	}
+	return nil
 }
 
 func leaseLost(op, queue, id string) error {
@@ -231,26 +239,59 @@ func (c *Client) Extend(ctx context.Context, queue, id, token string, lease time
 // dedupe record for Config.DoneRetention (payload removed), or is deleted when the
 // retention is -1. ErrLeaseLost: the token no longer holds the task; nothing changed.
 func (c *Client) Complete(ctx context.Context, queue, id, token string) error {
-	k, err := c.leaseArgs(queue, id, token)
+	done, err := c.CompleteMany(ctx, queue, []Lease{{ID: id, Token: token}})
 	if err != nil {
 		return err
+	}
+	if !done[0] {
+		return leaseLost("complete", queue, id)
+	}
+	return nil
+}
+
+// CompleteMany completes claimed tasks of queue as Complete does, with one script
+// call per 1,000 of them: a worker acknowledges every run that finished meanwhile
+// at once. done[i] reports leases[i]: false means its token no longer holds the
+// task (the lease was lost) and that task is unchanged. Every lease is validated
+// before anything is written; an error after that may leave earlier calls applied.
+func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease) (done []bool, err error) {
+	k, err := c.Keys(queue)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range leases {
+		if err := validate.TaskID(l.ID); err != nil {
+			return nil, err
+		}
+		if err := checkToken(l.Token); err != nil {
+			return nil, err
+		}
 	}
 	var ret int64
 	if c.cfg.DoneRetention > 0 {
 		ret = ms(c.cfg.DoneRetention)
 	}
-	v, err := c.run(ctx, c.s.complete, []string{k.Active, k.TaskPrefix}, id, token, ret)
-	if err != nil {
-		return fmt.Errorf("delayq: complete %s/%s: %w", queue, id, err)
+	done = make([]bool, 0, len(leases))
+	for len(leases) > 0 {
+		part := leases[:min(len(leases), maxComplete)]
+		leases = leases[len(part):]
+		args := make([]any, 1, 1+2*len(part))
+		args[0] = ret
+		for _, l := range part {
+			args = append(args, l.ID, l.Token)
+		}
+		v, err := c.run(ctx, c.s.complete, []string{k.Active, k.TaskPrefix}, args...)
+		if err != nil {
+			if len(part) == 1 {
+				return nil, fmt.Errorf("delayq: complete %s/%s: %w", queue, part[0].ID, err)
+			}
+			return nil, fmt.Errorf("delayq: complete %d tasks of %s: %w", len(part), queue, err)
+		}
+		if done, err = appendCompleted(done, v, len(part)); err != nil {
+			return nil, err
+		}
 	}
-	code, err := parseCode(v, "complete", 0, 1)
-	if err != nil {
-		return err
-	}
-	if code == 0 {
-		return leaseLost("complete", queue, id)
-	}
-	return nil
+	return done, nil
 }
 
 // Retry gives a failed run back: the task is due again after delay (> 0, rounded up

@@ -212,6 +212,78 @@ func TestCompleteWithoutRetentionDeletes(t *testing.T) {
 	}
 }
 
+// CompleteMany settles each lease on its own: good tokens complete, a stale token
+// and a task completed before are reported lost and left as they were, and more
+// than one call's worth (1,000) is split without losing order.
+func TestCompleteMany(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	tasks := make([]Task, 1003)
+	for i := range tasks {
+		tasks[i] = Task{ID: fmt.Sprintf("m-%04d", i), RunAt: now.Add(-time.Second)}
+	}
+	b.enqueue(t, tasks...)
+	var leases []Lease
+	for len(leases) < len(tasks) {
+		for _, ct := range b.claim(t, 1000, time.Minute).Tasks {
+			leases = append(leases, Lease{ID: ct.ID, Token: ct.Token})
+		}
+	}
+	if err := b.c.Complete(ctx, "q", leases[5].ID, leases[5].Token); err != nil {
+		t.Fatal(err)
+	}
+	leases[7].Token = "stale.1"
+	before := b.info(t, leases[7].ID)
+
+	done, err := b.c.CompleteMany(ctx, "q", leases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != len(leases) {
+		t.Fatalf("%d results for %d leases", len(done), len(leases))
+	}
+	for i, d := range done {
+		if want := i != 5 && i != 7; d != want {
+			t.Errorf("lease %d (%s): done %v, want %v", i, leases[i].ID, d, want)
+		}
+	}
+	if after := b.info(t, leases[7].ID); after.State != StateActive || after.Attempt != before.Attempt {
+		t.Errorf("stale lease changed its task: %+v -> %+v", before, after)
+	}
+	if n := b.rdb.ZCard(ctx, b.k.Active).Val(); n != 1 {
+		t.Errorf("active holds %d, want only the stale lease's task", n)
+	}
+	if ti := b.info(t, leases[1002].ID); ti.State != StateDone {
+		t.Errorf("last task (second call): %+v", ti)
+	}
+}
+
+// A malformed lease anywhere in the batch is refused before anything is written.
+func TestCompleteManyInvalidWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	b.enqueue(t, Task{ID: "a", RunAt: now.Add(-time.Second)})
+	good := b.claim(t, 1, time.Minute).Tasks[0]
+	snap := b.snapshot(t)
+	for _, bad := range []Lease{{ID: "", Token: "x"}, {ID: "b", Token: ""}, {ID: "{b}", Token: "x"}} {
+		_, err := b.c.CompleteMany(ctx, "q", []Lease{{ID: good.ID, Token: good.Token}, bad})
+		if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidTaskID) {
+			t.Errorf("lease %+v: %v", bad, err)
+		}
+	}
+	if _, err := b.c.CompleteMany(ctx, "bad queue", []Lease{{ID: good.ID, Token: good.Token}}); !errors.Is(err, ErrInvalidQueue) {
+		t.Errorf("bad queue: %v", err)
+	}
+	sameSnapshot(t, "after refused batches", snap, b.snapshot(t))
+	if done, err := b.c.CompleteMany(ctx, "q", nil); err != nil || len(done) != 0 {
+		t.Errorf("empty batch: %v %v", done, err)
+	}
+}
+
 func TestEnqueueHigherVersionReplaces(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -221,6 +221,26 @@ func parseCode(v any, what string, allowed ...int64) (int64, error) {
 	return 0, replyErr("%s: status %d", what, n)
 }
 
+// appendCompleted reads complete's reply, one code per task (1 done, 0 lease lost),
+// onto done.
+func appendCompleted(done []bool, v any, n int) ([]bool, error) {
+	a, err := asArray(v, "complete")
+	if err != nil {
+		return nil, err
+	}
+	if len(a) != n {
+		return nil, replyErr("complete: %d codes for %d tasks", len(a), n)
+	}
+	for _, x := range a {
+		code, err := parseCode(x, "complete", 0, 1)
+		if err != nil {
+			return nil, err
+		}
+		done = append(done, code == 1)
+	}
+	return done, nil
+}
+
 func parseIDs(v any, what string) ([]string, error) {
 	a, err := asArray(v, what)
 	if err != nil {

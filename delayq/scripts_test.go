@@ -47,6 +47,10 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	for i := range manyIDs {
 		manyIDs[i] = "id" + strconv.Itoa(i)
 	}
+	manyPairs := make([]any, 0, 2002)
+	for range 1001 {
+		manyPairs = append(manyPairs, "act", tok)
+	}
 
 	s := b.c.s
 	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}
@@ -102,12 +106,16 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", "", "1000"}},
 		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "1000", "x"}},
 
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok}},
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "x"}},
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "-1"}},
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "1099511627777"}},
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"", tok, "1000"}},
-		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"act", strings.Repeat("t", 101), "1000"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1000"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1000", "act"}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"x", "act", tok}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"-1", "act", tok}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1099511627777", "act", tok}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1000", "", tok}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1000", "act", strings.Repeat("t", 101)}},
+		// A valid first pair does not get through when a later one is malformed.
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, []any{"1000", "act", tok, "act", ""}},
+		{"complete", s.complete, []string{k.Active, k.TaskPrefix}, append([]any{"1000"}, manyPairs...)},
 
 		{"retry", s.retry, lease, []any{w, "act", tok, "1000"}},
 		{"retry", s.retry, lease, []any{"", "act", tok, "1000", "e"}},

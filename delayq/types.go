@@ -77,6 +77,13 @@ type ClaimedTask struct {
 	LeaseUntil time.Time
 }
 
+// Lease names one claimed run of a task for CompleteMany: the task id and the
+// token its claim handed out.
+type Lease struct {
+	ID    string
+	Token string
+}
+
 // ReapResult lists what Client.Reap did.
 type ReapResult struct {
 	// Requeued went back to ready with a backoff.

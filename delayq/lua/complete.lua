@@ -1,17 +1,18 @@
--- complete: finish an active task, only if the token still holds its lease.
+-- complete: finish active tasks, each only if its token still holds its lease.
 --
--- The task leaves active. With a retention, its hash stays as the dedupe record:
--- only the status "d" and the version "v" are kept (so a later, rescheduled version
--- is told from a repeat), TTL = retention.
--- With retention 0 the hash is deleted.
+-- One call completes one task or a batch of them (a worker acknowledges every run that
+-- finished meanwhile in one call). Each task leaves active. With a retention, its hash
+-- stays as the dedupe record: only the status "d" and the version "v" are kept (so a
+-- later, rescheduled version is told from a repeat), TTL = retention. With retention 0
+-- the hash is deleted.
 --
 -- KEYS[1]  active ZSET
 -- KEYS[2]  task hash key prefix
--- ARGV[1]  task id (1..200 bytes)
--- ARGV[2]  lease token (1..100 bytes)
--- ARGV[3]  done retention in milliseconds (0 = delete the hash; at most 2^40)
+-- ARGV[1]  done retention in milliseconds (0 = delete the hash; at most 2^40)
+-- ARGV[2k], ARGV[2k+1]  for k = 1..n (n in 1..1000): task id (1..200 bytes), lease token
+--                       (1..100 bytes)
 --
--- Returns 1 done, 0 lease lost (nothing changed).
+-- Returns one code per task, in order: 1 done, 0 lease lost (that task unchanged).
 -- Malformed ARGV: an error reply, nothing written.
 
 local function fail(msg) return redis.error_reply('ERR delayq complete: ' .. msg) end
@@ -23,23 +24,35 @@ local function int(s, min, max)
   return n
 end
 
-if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
-local id, token = ARGV[1], ARGV[2]
-if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end
-if #token == 0 or #token > 100 then return fail('token must have 1..100 bytes') end
-local retention = int(ARGV[3], 0, 1099511627776)
-if retention == nil then return fail('retention must be an integer number of ms in 0..2^40') end
-
-local h = KEYS[2] .. id
-local f = redis.call('HMGET', h, 's', 't')
-if f[1] ~= 'a' or f[2] ~= token then return 0 end
-
-redis.call('ZREM', KEYS[1], id)
-if retention == 0 then
-  redis.call('DEL', h)
-else
-  redis.call('HSET', h, 's', 'd')
-  redis.call('HDEL', h, 'p', 't', 'e', 'm', 'a')
-  redis.call('PEXPIRE', h, retention)
+local n = (#ARGV - 1) / 2
+if n < 1 or n > 1000 or n ~= math.floor(n) then
+  return fail('expected a retention and 1..1000 id, token pairs, got ' .. #ARGV .. ' arguments')
 end
-return 1
+local retention = int(ARGV[1], 0, 1099511627776)
+if retention == nil then return fail('retention must be an integer number of ms in 0..2^40') end
+-- Validate everything before the first write.
+for i = 2, #ARGV, 2 do
+  if #ARGV[i] == 0 or #ARGV[i] > 200 then return fail('id must have 1..200 bytes') end
+  if #ARGV[i + 1] == 0 or #ARGV[i + 1] > 100 then return fail('token must have 1..100 bytes') end
+end
+
+local out = {}
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  local h = KEYS[2] .. id
+  local f = redis.call('HMGET', h, 's', 't')
+  if f[1] ~= 'a' or f[2] ~= ARGV[i + 1] then
+    out[#out + 1] = 0
+  else
+    redis.call('ZREM', KEYS[1], id)
+    if retention == 0 then
+      redis.call('DEL', h)
+    else
+      redis.call('HSET', h, 's', 'd')
+      redis.call('HDEL', h, 'p', 't', 'e', 'm', 'a')
+      redis.call('PEXPIRE', h, retention)
+    end
+    out[#out + 1] = 1
+  end
+end
+return out

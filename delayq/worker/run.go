@@ -190,7 +190,7 @@ func (r *run) ack(ctx context.Context) error {
 			return err
 		}
 	}
-	return r.leaseErr(r.w.dq.Complete(ctx, r.t.Queue, r.t.ID, r.ct.Token))
+	return r.leaseErr(r.acknowledge(ctx))
 }
 
 // leaseErr counts a lost lease (once per run) and passes err on.

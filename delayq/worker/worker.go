@@ -68,8 +68,10 @@ type Worker struct {
 	stats   counters
 	metrics *metrics
 	hooks   hooks
-	// completions feeds the batch recorder of plain runs (completer.go) while Run runs.
+	// While Run runs, completions feeds the batch recorder of plain runs and acks
+	// the batch acknowledger of successful runs in Redis (completer.go).
 	completions chan *completion
+	acks        chan *ackRequest
 
 	mu      sync.Mutex
 	queues  map[string]*queue
@@ -221,10 +223,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	hard, hardCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardCancel(nil)
 
-	w.completions = make(chan *completion)
-	recorded := make(chan struct{})
-	go func() { w.completeLoop(w.completions); close(recorded) }()
-	defer func() { close(w.completions); <-recorded }() // after every run has returned
+	// Both stages close after every run has returned.
+	w.completions, w.acks = make(chan *completion), make(chan *ackRequest)
+	recorded, acked := make(chan struct{}), make(chan struct{})
+	go func() { batches(w.completions, w.recordBatch); close(recorded) }()
+	go func() { batches(w.acks, w.ackBatch); close(acked) }()
+	defer func() { close(w.acks); <-acked }()
+	defer func() { close(w.completions); <-recorded }()
 
 	var loops, runs sync.WaitGroup
 	for _, q := range queues {
