@@ -296,3 +296,59 @@ func TestShutdownWithHandlersInFlight(t *testing.T) {
 		t.Errorf("second worker %+v", s2)
 	}
 }
+
+// Heartbeats keep a run alive far past its lease while the reaper runs; when the
+// lease is lost anyway (here: its token overwritten, as a takeover would), the next
+// heartbeat cancels the handler with ErrLeaseLost and nothing is recorded.
+func TestHeartbeatsKeepLeaseAndLostLeaseCancels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.reaper(t, "hb")
+	lease := 300 * time.Millisecond
+	var runs atomic.Int64
+	started := make(chan string, 2)
+	h := b.start(t, Config{Lease: lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
+		_ = w.Handle("hb", func(ctx context.Context, tk *Task) error {
+			runs.Add(1)
+			started <- tk.ID
+			if tk.ID == "long" {
+				time.Sleep(5 * lease) // the handler ignores ctx: only the heartbeats keep it
+				return nil
+			}
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), ErrLeaseLost) {
+				t.Errorf("handler context cause %v, want ErrLeaseLost", context.Cause(ctx))
+			}
+			return ctx.Err()
+		}, QueueConfig{Concurrency: 2})
+	})
+	b.enqueue(t, task("hb", "long"))
+	if f := h.expect(t, "long", outSucceeded); f.task.Attempt != 1 {
+		t.Errorf("long run: attempt %d, want 1", f.task.Attempt)
+	}
+	if got := runs.Load(); got != 1 {
+		t.Fatalf("%d runs of a task whose lease was kept, want 1", got)
+	}
+
+	b.enqueue(t, task("hb", "lost"))
+	if id := <-started; id != "long" { // drain the first run's start
+		t.Fatalf("started %s", id)
+	}
+	if id := <-started; id != "lost" {
+		t.Fatalf("started %s", id)
+	}
+	k, err := b.dq.Keys("hb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.HSet(context.Background(), k.TaskKey("lost"), "t", "someone-else").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(t, "lost", outLeaseLost)
+	if s := h.w.Stats(); s.LeaseLost != 1 || s.Succeeded != 1 {
+		t.Errorf("stats %+v", s)
+	}
+	if r := b.row(t, "hb", "lost"); r.state != "queued" {
+		t.Errorf("outbox state %s after a lost lease, want queued", r.state)
+	}
+}

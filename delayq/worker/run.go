@@ -375,53 +375,61 @@ func (r *run) release(ctx context.Context) outcome {
 
 // heartbeat renews the lease every HeartbeatInterval until stopped. When the lease
 // is lost, or cannot be renewed before it runs out, it cancels the handler's
-// context with ErrLeaseLost. It returns the (idempotent) stop function.
+// context with ErrLeaseLost. It returns the (idempotent) stop function, which
+// waits for a renewal in progress.
+//
+// A timer, not a goroutine: most runs end before their first heartbeat, and then
+// a heartbeat costs nothing but starting and stopping the timer.
 func (r *run) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) func() {
 	w := r.w
 	every := w.cfg.HeartbeatInterval
 	if every <= 0 {
 		return func() {}
 	}
-	stop := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tk := time.NewTicker(every)
-		defer tk.Stop()
-		deadline := time.Now().Add(w.cfg.Lease) // not before the claim's deadline
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-			sent := time.Now()
-			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), min(w.cfg.OpTimeout, every))
-			err := w.dq.Extend(ectx, r.t.Queue, r.t.ID, r.ct.Token, w.cfg.Lease)
-			ecancel()
-			select {
-			case <-stop: // stopped meanwhile: the ack may have revoked the token
-				return
-			default:
-			}
-			switch {
-			case err == nil:
-				deadline = sent.Add(w.cfg.Lease)
-				continue
-			case errors.Is(err, delayq.ErrLeaseLost):
-			case time.Now().Before(deadline):
-				w.log.Warn("worker: heartbeat failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
-				continue
-			default:
-				w.log.Warn("worker: heartbeat failed until the lease ran out", "queue", r.t.Queue, "id", r.t.ID, "err", err)
-			}
-			r.markLost()
-			cancel(ErrLeaseLost)
+	var (
+		mu       sync.Mutex // held by a renewal in progress
+		stopped  bool
+		stopping atomic.Bool // stop was called: a renewal's answer no longer matters
+		timer    *time.Timer
+	)
+	deadline := time.Now().Add(w.cfg.Lease) // not before the claim's deadline
+	beat := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
 			return
 		}
-	}()
-	var once sync.Once
+		sent := time.Now()
+		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), min(w.cfg.OpTimeout, every))
+		err := w.dq.Extend(ectx, r.t.Queue, r.t.ID, r.ct.Token, w.cfg.Lease)
+		ecancel()
+		if stopping.Load() { // stopped meanwhile: the ack may revoke the token next
+			return
+		}
+		switch {
+		case err == nil:
+			deadline = sent.Add(w.cfg.Lease)
+			timer.Reset(max(0, time.Until(sent.Add(every))))
+			return
+		case errors.Is(err, delayq.ErrLeaseLost):
+		case time.Now().Before(deadline):
+			w.log.Warn("worker: heartbeat failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+			timer.Reset(max(0, time.Until(sent.Add(every))))
+			return
+		default:
+			w.log.Warn("worker: heartbeat failed until the lease ran out", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+		}
+		r.markLost()
+		cancel(ErrLeaseLost)
+	}
+	mu.Lock()
+	timer = time.AfterFunc(every, beat)
+	mu.Unlock()
 	return func() {
-		once.Do(func() { close(stop); <-stopped })
+		stopping.Store(true)
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
 	}
 }
