@@ -377,4 +377,18 @@ func TestRowSize(t *testing.T) {
 	if total/n > 300 {
 		t.Errorf("a pending row takes %d B with its indexes, budget 300 B", total/n)
 	}
+
+	// Once relayed, a row is in the index of queued rows, keyed on its queue alone:
+	// deduplicated, a few bytes a row (keyed on the task id too, it took 67 B).
+	if _, err := pool.Exec(ctx, `UPDATE delayq_outbox SET state = 'queued', queued_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	var queuedIdx int64
+	if err := pool.QueryRow(ctx, `SELECT pg_relation_size('delayq_outbox_queued_idx')`).Scan(&queuedIdx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d queued rows: queued index %d B/row", n, queuedIdx/n)
+	if queuedIdx/n > 16 {
+		t.Errorf("the index of queued rows takes %d B a row, want at most 16", queuedIdx/n)
+	}
 }

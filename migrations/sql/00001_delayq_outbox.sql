@@ -47,7 +47,7 @@ CREATE INDEX delayq_outbox_pending_run_at_idx
     ON {{schema}}.delayq_outbox (run_at)
     WHERE state = 'pending';
 
--- Reconcile walks the rows that Redis should hold, queue by queue in key order.
+-- The relay lists the queues with queued rows. (00002 keys it on the queue alone.)
 CREATE INDEX delayq_outbox_queued_idx
     ON {{schema}}.delayq_outbox (queue, task_id)
     WHERE state = 'queued';
