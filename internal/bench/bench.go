@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"sort"
@@ -136,9 +137,7 @@ type session struct {
 func newSession(ctx context.Context, env Env, name string) (*session, error) {
 	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	s := &session{env: env,
-		schema: "bench_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix,
-		// Short, as the default "dq" is: key length counts in the memory figure.
-		prefix: fmt.Sprintf("b%x", time.Now().UnixNano()%0xfffff)}
+		schema: "bench_" + strings.ReplaceAll(name, "-", "_") + "_" + suffix}
 	pcfg, err := pgxpool.ParseConfig(env.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -155,6 +154,10 @@ func newSession(ctx context.Context, env Env, name string) (*session, error) {
 	}
 	opt.PoolSize = 64
 	s.rdb = redis.NewClient(opt)
+	if s.prefix, err = s.claimPrefix(ctx); err != nil {
+		s.close()
+		return nil, err
+	}
 	db := migrations.OpenDBFromPool(s.pool)
 	defer db.Close()
 	if _, err := migrations.Up(ctx, db, migrations.Config{Schema: s.schema}); err != nil {
@@ -172,11 +175,31 @@ func newSession(ctx context.Context, env Env, name string) (*session, error) {
 	return s, nil
 }
 
+// claimPrefix picks a key prefix of two bytes, as long as the default "dq" (key
+// length counts in the memory figure), that no other session holds: it owns the
+// prefix while its "<prefix>:owner" key exists (deleteKeys removes it).
+func (s *session) claimPrefix(ctx context.Context) (string, error) {
+	const chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+	for range 200 {
+		p := "b" + string(chars[rand.IntN(len(chars))])
+		ok, err := s.rdb.SetNX(ctx, p+":owner", os.Getpid(), 24*time.Hour).Result()
+		if err != nil {
+			return "", fmt.Errorf("redis: %w", err)
+		}
+		if ok {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no free two-byte key prefix b? on this Redis: delete stale b?:owner keys")
+}
+
 func (s *session) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, _ = s.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE")
-	s.deleteKeys(ctx)
+	if s.prefix != "" {
+		s.deleteKeys(ctx)
+	}
 	s.pool.Close()
 	_ = s.rdb.Close()
 }
