@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -80,6 +83,14 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 
 type key struct{ queue, id string }
 
+// compareTasks orders tasks by key, bytewise (the COLLATE "C" order of the SQL).
+func compareTasks(a, b *Task) int {
+	if c := strings.Compare(a.Queue, b.Queue); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
 func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyResult, error) {
 	for i, t := range tasks {
 		if err := c.Validate(t); err != nil {
@@ -90,56 +101,103 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 	if len(tasks) == 0 {
 		return out, nil
 	}
-	// The first of several tasks with one key is sent; the others are duplicates.
-	first := make(map[key]int, len(tasks))
+	// The tasks are sent, and inserted, in key order, so that overlapping batches
+	// cannot deadlock (see the statement). Ties keep their given order, so the first
+	// of several tasks with one key is sent and the others, right after it, are
+	// duplicates.
+	order := make([]int, len(tasks))
+	for i := range order {
+		order[i] = i
+	}
+	sorted := true
+	for i := 1; i < len(tasks) && sorted; i++ {
+		sorted = compareTasks(&tasks[i-1], &tasks[i]) <= 0
+	}
+	if !sorted {
+		slices.SortFunc(order, func(i, j int) int {
+			if c := compareTasks(&tasks[i], &tasks[j]); c != 0 {
+				return c
+			}
+			return cmp.Compare(i, j)
+		})
+	}
 	var (
-		queues, ids []string
-		runAts      []*time.Time
-		delays      []int64
-		payloads    [][]byte
-		attempts    []int32
+		sent     = make([]int, 0, len(tasks)) // sent[k] is the index of the kth task sent
+		queues   = make([]string, 0, len(tasks))
+		ids      = make([]string, 0, len(tasks))
+		runAts   = make([]*time.Time, 0, len(tasks))
+		delays   = make([]time.Duration, 0, len(tasks))
+		payloads = make([][]byte, 0, len(tasks))
+		attempts = make([]int32, 0, len(tasks))
 	)
-	for i, t := range tasks {
-		k := key{t.Queue, t.ID}
-		if _, dup := first[k]; dup {
+	for _, i := range order {
+		t := &tasks[i]
+		if len(sent) > 0 && compareTasks(&tasks[sent[len(sent)-1]], t) == 0 {
+			out.Results[i] = Result{Duplicate: true}
+			out.Duplicates++
 			continue
 		}
-		first[k] = i
-		w := c.row(t)
+		sent = append(sent, i)
+		w := c.row(*t)
 		queues = append(queues, w.queue)
 		ids = append(ids, w.id)
 		runAts = append(runAts, w.runAt)
-		delays = append(delays, w.delayUS)
+		delays = append(delays, time.Duration(w.delayUS)*time.Microsecond)
 		payloads = append(payloads, w.payload)
 		attempts = append(attempts, w.maxAttempts)
 	}
-	inserted := make(map[key]time.Time, len(queues))
+	var (
+		inserted int64
+		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
+		named    map[key]bool
+	)
 	err := r.query(ctx, c.sql.enqueueMany, []any{queues, ids, runAts, delays, payloads, attempts},
 		func(scan func(...any) error) error {
 			var (
-				k        key
-				at       time.Time
-				notified int64
+				n, notified int64
+				at          time.Time
+				k           key
 			)
-			if err := scan(&k.queue, &k.id, &at, &notified); err != nil {
+			if err := scan(&n, &at, &notified, &k.queue, &k.id); err != nil {
 				return err
 			}
-			inserted[k] = at
+			if n >= 0 { // the summary
+				inserted, now = n, at
+				return nil
+			}
+			if named == nil {
+				named = make(map[key]bool)
+			}
+			named[k] = true
 			return nil
 		})
 	if err != nil {
 		return ManyResult{}, fmt.Errorf("outbox: enqueue many (%d tasks): %w", len(tasks), err)
 	}
-	for i, t := range tasks {
-		k := key{t.Queue, t.ID}
-		at, ok := inserted[k]
-		if ok && first[k] == i {
-			out.Results[i] = Result{RunAt: at}
-			out.Inserted++
+	all := inserted == int64(len(sent))
+	if !all && int64(len(named)) != inserted {
+		return ManyResult{}, fmt.Errorf("outbox: enqueue many (%d tasks): %d inserted, %d named", len(tasks), inserted, len(named))
+	}
+	for _, i := range sent {
+		t := &tasks[i]
+		if !all && !named[key{t.Queue, t.ID}] {
+			out.Results[i] = Result{Duplicate: true}
+			out.Duplicates++
 			continue
 		}
-		out.Results[i] = Result{Duplicate: true}
-		out.Duplicates++
+		out.Results[i] = Result{RunAt: storedRunAt(t, now)}
+		out.Inserted++
 	}
 	return out, nil
+}
+
+// storedRunAt is the run_at the statement stored for t, given its
+// statement_timestamp(): RunAt at the microsecond (pgx truncates it so when it sends
+// it), or now plus Delay at the microsecond (added exactly, as an interval of
+// microseconds), in the time zone the database's times are read in.
+func storedRunAt(t *Task, now time.Time) time.Time {
+	if !t.RunAt.IsZero() {
+		return time.UnixMicro(t.RunAt.UnixMicro()).In(now.Location())
+	}
+	return now.Add(t.Delay.Truncate(time.Microsecond))
 }

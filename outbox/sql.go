@@ -44,21 +44,40 @@ func newStatements(table string, cfg Config) statements {
 SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+") AS v")),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
-		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay in µs,
-		// $5 payload, $6 max_attempts. Rows are inserted in key order, so that two
-		// batches with common keys wait for each other instead of deadlocking.
+		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
+		// interval of microseconds: added exactly, so the caller can tell the run_at
+		// from statement_timestamp()), $5 payload, $6 max_attempts.
+		//
+		// Rows are inserted in key order, so that two batches with common keys wait
+		// for each other instead of deadlocking: the caller sends the arrays sorted
+		// by (queue, task_id), bytewise, and the rows reach the INSERT in array
+		// order. The arrays are unnested in the select list (ProjectSet: one row per
+		// element, in step, streamed), and nothing between it and the INSERT can
+		// reorder rows (TestEnqueueManyPlan checks the plan). An ORDER BY would say
+		// the same in SQL but costs a sort node that copies every row, although it
+		// finds them sorted; unnest(...) in FROM would copy every array into a
+		// tuplestore first.
+		//
+		// The first row is the summary: the number inserted, statement_timestamp()
+		// (the base of every delay) and the notification count. Only when fewer were
+		// inserted than sent (duplicates of existing rows) one more row per inserted
+		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
+		// run (a one-time filter).
 		enqueueMany: fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts)
-	SELECT u.queue, u.task_id,
-	       COALESCE(u.run_at, statement_timestamp() + u.delay_us * interval '1 microsecond'),
-	       u.payload, u.max_attempts
-	FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::bytea[], $6::int[])
-	     AS u(queue, task_id, run_at, delay_us, payload, max_attempts)
-	ORDER BY u.queue COLLATE "C", u.task_id COLLATE "C"
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts
+	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
+	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
+	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts) AS u
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
+), c AS (
+	SELECT count(*) AS n FROM ins
 )
-SELECT queue, task_id, run_at, %s FROM ins`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
+SELECT c.n, statement_timestamp(), %s, ''::text, ''::text FROM c
+UNION ALL
+SELECT -1, statement_timestamp(), 0, queue, task_id FROM ins
+WHERE (SELECT n FROM c) < cardinality($2::text[])`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
 
 		// $1 queue, $2 task_id.
 		cancel: fmt.Sprintf(`UPDATE %s
