@@ -3,9 +3,9 @@
 -- "Now" is the Redis clock (TIME), in whole milliseconds. A task is due when its score
 -- is <= now. Due tasks are taken in score order; tasks with equal scores come in
 -- lexicographic order of their ids (ZSET order): there is no FIFO promise.
--- Each claimed task leaves ready (only a member that ZREM removed is handed out), gets
--- status "a", attempt+1 and a fresh lease token, and enters active with the lease
--- deadline as its score. A ready member without a ready task hash is dropped.
+-- Each claimed task leaves ready, gets status "a", attempt+1 and a fresh lease token,
+-- and enters active with the lease deadline as its score. A ready member without a
+-- ready task hash is dropped.
 --
 -- KEYS[1]  ready ZSET
 -- KEYS[2]  active ZSET
@@ -47,17 +47,23 @@ local until_s = fmt(now + lease)
 local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
 local out = {}
 local count = 0
-for i = 1, #due, 2 do
-  local id = due[i]
-  if redis.call('ZREM', KEYS[1], id) == 1 then
+if #due > 0 then
+  -- One ZREM and one ZADD for the whole claim; two hash commands per task.
+  local ids = {}
+  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  local leased = {}
+  for i = 1, #due, 2 do
+    local id = due[i]
     local h = KEYS[3] .. id
-    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v')
+    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a')
     if f[1] == 'r' then
-      local attempt = redis.call('HINCRBY', h, 'a', 1)
+      local attempt = (tonumber(f[5]) or 0) + 1
       count = count + 1
       local token = base .. '.' .. count
-      redis.call('HSET', h, 's', 'a', 't', token)
-      redis.call('ZADD', KEYS[2], until_s, id)
+      redis.call('HSET', h, 's', 'a', 't', token, 'a', attempt)
+      leased[#leased + 1] = until_s
+      leased[#leased + 1] = id
       local k = #out
       out[k + 1] = id
       out[k + 2] = f[2] or ''
@@ -68,6 +74,7 @@ for i = 1, #due, 2 do
       out[k + 7] = fmt(math.floor(tonumber(due[i + 1]) * 1000 + 0.5))
     end
   end
+  if #leased > 0 then redis.call('ZADD', KEYS[2], unpack(leased)) end
 end
 
 local next_ms = -1

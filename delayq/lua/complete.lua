@@ -37,6 +37,7 @@ for i = 2, #ARGV, 2 do
 end
 
 local out = {}
+local finished = {}
 for i = 2, #ARGV, 2 do
   local id = ARGV[i]
   local h = KEYS[2] .. id
@@ -44,7 +45,7 @@ for i = 2, #ARGV, 2 do
   if f[1] ~= 'a' or f[2] ~= ARGV[i + 1] then
     out[#out + 1] = 0
   else
-    redis.call('ZREM', KEYS[1], id)
+    finished[#finished + 1] = id
     if retention == 0 then
       redis.call('DEL', h)
     else
@@ -55,4 +56,6 @@ for i = 2, #ARGV, 2 do
     out[#out + 1] = 1
   end
 end
+-- One ZREM for the batch.
+if #finished > 0 then redis.call('ZREM', KEYS[1], unpack(finished)) end
 return out
