@@ -352,3 +352,54 @@ func TestHeartbeatsKeepLeaseAndLostLeaseCancels(t *testing.T) {
 		t.Errorf("outbox state %s after a lost lease, want queued", r.state)
 	}
 }
+
+// The guard and the COMMIT travel together; neither a COMMIT that fails (a
+// deferred constraint) nor a handler that swallowed a statement error and returned
+// nil (an aborted transaction) may mark the task done: the run fails, nothing of it
+// is kept, and the retry completes the task once.
+func TestFailedCommitRecordsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE once (id text,
+		CONSTRAINT once_id UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	h := b.start(t, Config{}, func(w *Worker) {
+		_ = w.HandleTx("c", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+			if err := insertEffect(ctx, tx, tk, ""); err != nil {
+				return err
+			}
+			if tk.Attempt > 1 {
+				return nil
+			}
+			switch tk.ID {
+			case "deferred": // fails only at COMMIT
+				_, err := tx.Exec(ctx, `INSERT INTO once VALUES ('x'), ('x')`)
+				return err
+			default: // "swallowed": the transaction is aborted, the handler says nil
+				_, _ = tx.Exec(ctx, `SELECT 1 / 0`)
+				return nil
+			}
+		}, QueueConfig{Backoff: Backoff{Base: time.Millisecond, Max: time.Millisecond}})
+	})
+	b.enqueue(t, task("c", "deferred"), task("c", "swallowed"))
+	outcomes := map[string][]outcome{}
+	for range 4 {
+		f := h.next(t)
+		outcomes[f.task.ID] = append(outcomes[f.task.ID], f.out)
+	}
+	for _, id := range []string{"deferred", "swallowed"} {
+		if got := outcomes[id]; len(got) != 2 || got[0] != outRetried || got[1] != outSucceeded {
+			t.Errorf("%s: outcomes %v, want retried then succeeded", id, got)
+		}
+		if r := b.row(t, "c", id); r.state != "done" || r.attempt != 1 || r.lastError == "" {
+			t.Errorf("%s: outbox row %+v, want done after one recorded failure", id, r)
+		}
+		if n := b.count(t, `SELECT count(*) FROM effects WHERE task_id = $1`, id); n != 1 {
+			t.Errorf("%s: %d effect rows, want 1 (the second run's)", id, n)
+		}
+	}
+	if n := b.count(t, `SELECT count(*) FROM once`); n != 0 {
+		t.Errorf("%d rows of the failed commit kept", n)
+	}
+}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/outbox"
@@ -67,14 +70,12 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 func (r *run) execute(ctx context.Context) outcome {
 	w, q, t := r.w, r.q, r.t
 	var (
-		tx  pgx.Tx
-		err error
+		conn *pgxpool.Conn
+		tx   pgx.Tx
+		err  error
 	)
 	if q.tx != nil {
-		tx, err = w.pool.Begin(ctx)
-		if err != nil {
-			err = fmt.Errorf("begin: %w", err)
-		} else {
+		if conn, tx, err = w.begin(ctx); err == nil {
 			err = r.call(func() error { return q.tx(ctx, tx, t) })
 		}
 	} else {
@@ -87,11 +88,12 @@ func (r *run) execute(ctx context.Context) outcome {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
 	defer cancel()
 	if err == nil {
-		complete := r.complete
+		var o outcome
 		if q.plain != nil {
-			complete = func(ctx context.Context, _ pgx.Tx) (outcome, error) { return r.completePlain(ctx) }
+			o, err = r.completePlain(bctx)
+		} else {
+			o, err = r.complete(bctx, conn, tx)
 		}
-		o, err := complete(bctx, tx)
 		if err == nil {
 			return o
 		}
@@ -99,7 +101,10 @@ func (r *run) execute(ctx context.Context) outcome {
 		// did commit after all, RecordFailure is refused and the guard settles it.
 		return r.fail(bctx, err)
 	}
-	rollback(bctx, tx)
+	if tx != nil {
+		rollback(bctx, tx)
+		conn.Release()
+	}
 	if ctx.Err() != nil { // we cancelled the handler
 		switch cause := context.Cause(ctx); {
 		case errors.Is(cause, ErrShutdown):
@@ -110,6 +115,22 @@ func (r *run) execute(ctx context.Context) outcome {
 		}
 	}
 	return r.fail(bctx, err)
+}
+
+// begin starts a transactional handler's transaction on a connection the run
+// holds itself: complete commits it in a batch behind the guard, which a
+// pgxpool.Tx (released only by its own Commit or Rollback) cannot do.
+func (w *Worker) begin(ctx context.Context) (*pgxpool.Conn, pgx.Tx, error) {
+	conn, err := w.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		conn.Release()
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	return conn, tx, nil
 }
 
 // call runs the handler, turning a panic into an error. The stack goes to the log
@@ -131,40 +152,45 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	}
 }
 
-// complete records a successful transactional run: the guard and the handler's
-// writes, in tx, commit together, then Redis is acknowledged. It returns an error
-// when nothing may have been committed. (Plain runs go through completePlain.)
-func (r *run) complete(ctx context.Context, tx pgx.Tx) (outcome, error) {
+// complete records a successful transactional run: the guard and the COMMIT go to
+// Postgres in one round trip, so the handler's writes and the completion commit
+// together or not at all, then Redis is acknowledged. It releases conn, and
+// returns an error when nothing may have been committed. (Plain runs go through
+// completePlain.)
+func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx) (outcome, error) {
 	w, t := r.w, r.t
-	if tx == nil {
-		var err error
-		if tx, err = w.pool.Begin(ctx); err != nil {
-			return "", fmt.Errorf("record completion: begin: %w", err)
+	b := &pgx.Batch{}
+	b.Queue(w.sqlGuard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	_, guardErr := br.Exec()
+	_, commitErr := br.Exec()
+	closeErr := br.Close()
+	if guardErr != nil {
+		rollback(ctx, tx)
+		conn.Release()
+		if !refusedByGuard(guardErr) {
+			return "", fmt.Errorf("record completion: %w", guardErr)
 		}
-	}
-	applied, err := w.ob.MarkDone(ctx, tx, t.Queue, t.ID, t.Version)
-	if err != nil {
-		rollback(ctx, tx)
-		return "", fmt.Errorf("record completion: %w", err)
-	}
-	if !applied {
-		st, err := w.rowState(ctx, tx, t)
-		rollback(ctx, tx)
+		st, err := w.rowState(ctx, w.pool, t)
 		if err != nil {
 			return "", fmt.Errorf("record completion: %w", err)
 		}
 		return r.refused(ctx, st), nil
 	}
-	if r.q.cfg.ClearPayload {
-		if _, err := tx.Exec(ctx, w.sqlClearPayload, t.Queue, t.ID); err != nil {
-			rollback(ctx, tx)
-			return "", fmt.Errorf("clear payload: %w", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
+	// A COMMIT that failed ended the transaction too; the pool closes a
+	// connection left in any other state.
+	conn.Release()
+	if err := cmp.Or(commitErr, closeErr); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
 	return r.succeeded(ctx), nil
+}
+
+// refusedByGuard tells the guard's division by zero (sqlGuard) from other errors.
+func refusedByGuard(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012" // division_by_zero
 }
 
 // succeeded counts a run whose completion committed and acks Redis.

@@ -63,7 +63,7 @@ type Worker struct {
 	cfg  Config
 	log  *slog.Logger
 
-	sqlState, sqlClearPayload string
+	sqlState, sqlClearPayload, sqlGuard string
 
 	stats   counters
 	metrics *metrics
@@ -127,13 +127,29 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
 		sqlState:        fmt.Sprintf(sqlState, ob.Table()),
 		sqlClearPayload: fmt.Sprintf(sqlClearPayload, ob.Table()),
+		sqlGuard:        fmt.Sprintf(sqlGuard, ob.Table(), ob.Config().ClearPayloadOnDone),
 		metrics:         m,
 		queues:          make(map[string]*queue),
 	}, nil
 }
 
-// SQL of the worker (the guard itself is outbox.MarkDone). %s is the outbox table.
+// SQL of the worker. %s is the outbox table.
 const (
+	// The completion guard of a transactional run (outbox.MarkDone's, for one
+	// round trip): $1 queue, $2 task_id, $3 version, $4 clear the payload; the
+	// second %s is the outbox's ClearPayloadOnDone. It goes to Postgres together
+	// with the COMMIT. When it matches no row (a finished task, another version)
+	// it divides by zero: the error aborts the transaction, so the COMMIT queued
+	// behind it cannot commit the handler's writes.
+	sqlGuard = `WITH done AS (
+	UPDATE %[1]s
+	SET state = 'done', done_at = statement_timestamp(),
+	    payload = CASE WHEN $4::boolean OR %[2]t THEN ''::bytea ELSE payload END
+	WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
+	RETURNING 1
+)
+SELECT 1 / count(*) FROM done`
+
 	// $1 queue, $2 task_id. Why the guard refused: the row's state and version now.
 	sqlState = `SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`
 	// $1 queue, $2 task_id. Run after MarkDone applied, in its transaction.
