@@ -48,39 +48,44 @@ if n == nil then return fail('n must be an integer in 1..10000') end
 if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 
+-- Validate everything first (nothing is written for malformed ARGV), keeping only
+-- each task's score; the second loop reads the rest from ARGV again. A given due is
+-- used as the score as it is: ZADD reads the same number from it as from its
+-- reformatted "%d.%03d" form.
 local now = nil
-local tasks = {}
+local scores = {}
 for k = 0, n - 1 do
   local b = 3 + W * k
   local id, due = ARGV[b], ARGV[b + 1]
   if #id == 0 or #id > 200 then return fail('task ' .. k .. ': id must have 1..200 bytes') end
-  local ms
   if due == 'now' then
     if now == nil then
       local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      now = fmt(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
     end
-    ms = now
+    scores[k + 1] = now
   else
     if not (string.match(due, '^%d+$') or string.match(due, '^%d+%.%d%d?%d?$')) then
       return fail('task ' .. k .. ': due must be seconds with at most 3 decimals or "now"')
     end
-    ms = math.floor(tonumber(due) * 1000 + 0.5)
-    if ms > 1e14 then return fail('task ' .. k .. ': due too far in the future') end
+    if math.floor(tonumber(due) * 1000 + 0.5) > 1e14 then return fail('task ' .. k .. ': due too far in the future') end
+    scores[k + 1] = due
   end
-  local max = int(ARGV[b + 3], 1, 1000000)
-  if max == nil then return fail('task ' .. k .. ': max_attempts must be an integer in 1..1000000') end
-  local attempt = int(ARGV[b + 4], 0, 1000000)
-  if attempt == nil then return fail('task ' .. k .. ': attempt must be an integer in 0..1000000') end
-  local ver = int(ARGV[b + 5], 1, 2147483647)
-  if ver == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
-  tasks[k + 1] = { id, fmt(ms), ARGV[b + 2], max, attempt, ver }
+  if int(ARGV[b + 3], 1, 1000000) == nil then return fail('task ' .. k .. ': max_attempts must be an integer in 1..1000000') end
+  if int(ARGV[b + 4], 0, 1000000) == nil then return fail('task ' .. k .. ': attempt must be an integer in 0..1000000') end
+  if int(ARGV[b + 5], 1, 2147483647) == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
 end
 
 local before = head()
 local out = {}
-for i, t in ipairs(tasks) do
-  local id, score, payload, max, attempt, ver = t[1], t[2], t[3], t[4], t[5], t[6]
+-- Members to add to the ready ZSET, as score, id pairs: one ZADD per chunk at the
+-- end instead of one per task (the same result: a repeated id ends with its last
+-- score, as with one ZADD each).
+local z = {}
+for i = 1, n do
+  local b = 3 + W * (i - 1)
+  local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
+  local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local h = KEYS[3] .. id
   local cur = redis.call('HMGET', h, 's', 'v')
   if cur[1] == false then
@@ -89,7 +94,8 @@ for i, t in ipairs(tasks) do
     else
       redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
     end
-    redis.call('ZADD', KEYS[1], score, id)
+    z[#z + 1] = score
+    z[#z + 1] = id
     out[i] = 1
   elseif cur[2] ~= false and tonumber(cur[2]) < ver then
     if cur[1] == 'a' then
@@ -102,7 +108,8 @@ for i, t in ipairs(tasks) do
       redis.call('PERSIST', h)
     end
     redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
-    redis.call('ZADD', KEYS[1], score, id)
+    z[#z + 1] = score
+    z[#z + 1] = id
     out[i] = 2
   else
     -- Duplicate. Repair a hash that lost its ZSET member, so it cannot be stuck:
@@ -115,6 +122,10 @@ for i, t in ipairs(tasks) do
     end
     out[i] = 0
   end
+end
+local chunk = 2000 -- pairs per ZADD, well within Lua's unpack limit (8000 values)
+for j = 1, #z, 2 * chunk do
+  redis.call('ZADD', KEYS[1], unpack(z, j, math.min(j + 2 * chunk - 1, #z)))
 end
 
 local after = head()
