@@ -89,7 +89,7 @@ func (r *Relay) pgErr(kind, op string, err error) error {
 // (the server shutting down, too many connections) and the connection-exception
 // class count as lost connections.
 func isPgReply(err error) bool {
-	if errors.Is(err, errHook) || errors.Is(err, errMismatch) {
+	if errors.Is(err, errHook) {
 		return true
 	}
 	var pgErr *pgconn.PgError
@@ -129,12 +129,8 @@ func isRedisReply(err error) bool {
 	return false
 }
 
-var (
-	// errHook marks an error injected by a test hook: a server error, not an outage.
-	errHook = errors.New("relay: injected failure")
-	// errMismatch marks an update that did not find the rows the round locked.
-	errMismatch = errors.New("relay: rows changed under the round's lock")
-)
+// errHook marks an error injected by a test hook: a server error, not an outage.
+var errHook = errors.New("relay: injected failure")
 
 // backoff is a jittered exponential backoff: the n-th delay is drawn from
 // [d/2, d] with d = min(max, min * 2^n) ("equal jitter").

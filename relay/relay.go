@@ -160,8 +160,8 @@ type row struct {
 	version     int32
 }
 
-// round moves one batch: select and lock due rows, enqueue them in Redis in one
-// pipelined round trip, mark them queued, commit. It returns the number of rows
+// round moves one batch: lock due rows and mark them queued (one statement),
+// enqueue them in Redis in one pipelined round trip, commit. It returns the number of rows
 // selected. On an error nothing is committed: the rows stay pending and the next
 // round moves them again, which Redis reports as duplicates.
 func (r *Relay) round(ctx context.Context) (int, error) {
@@ -178,12 +178,12 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 
 	var rowsRes pgx.Rows
 	if len(r.cfg.Queues) > 0 {
-		rowsRes, err = tx.Query(ctx, r.sql.selectDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+		rowsRes, err = tx.Query(ctx, r.sql.takeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
 	} else {
-		rowsRes, err = tx.Query(ctx, r.sql.selectDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+		rowsRes, err = tx.Query(ctx, r.sql.takeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
 	}
 	if err != nil {
-		return 0, r.pgErr(errPostgres, "select due rows", err)
+		return 0, r.pgErr(errPostgres, "take due rows", err)
 	}
 	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
 		var x row
@@ -191,18 +191,19 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		return x, err
 	})
 	if err != nil {
-		return 0, r.pgErr(errPostgres, "select due rows", err)
+		return 0, r.pgErr(errPostgres, "take due rows", err)
 	}
 	r.pg.ok()
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	// RETURNING comes in no particular order: back to run_at order.
+	slices.SortStableFunc(rows, func(a, b row) int { return a.runAt.Compare(b.runAt) })
 
 	// Group by queue, keeping run_at order; set aside rows Redis would refuse.
 	var (
 		batches      []delayq.QueueTasks
 		byQueue      = map[string]int{}
-		queued       = make([]pgtype.TID, 0, len(rows))
 		bad          []pgtype.TID
 		badID, badEr []string
 	)
@@ -223,7 +224,6 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			batches = append(batches, delayq.QueueTasks{Queue: x.queue})
 		}
 		batches[i].Tasks = append(batches[i].Tasks, t)
-		queued = append(queued, x.ctid)
 	}
 
 	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
@@ -234,17 +234,6 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	if r.cfg.afterEnqueue != nil {
 		if err := r.cfg.afterEnqueue(); err != nil {
 			return 0, r.pgErr(errPostgres, "after enqueue", fmt.Errorf("%w: %w", errHook, err))
-		}
-	}
-	if len(queued) > 0 {
-		tag, err := tx.Exec(ctx, r.sql.markQueued, queued)
-		if err != nil {
-			return 0, r.pgErr(errPostgres, "mark queued", err)
-		}
-		if n := tag.RowsAffected(); n != int64(len(queued)) {
-			// Cannot happen while the rows are locked; if it did, roll back: the
-			// rows are moved again (as duplicates) rather than marked wrongly.
-			return 0, r.pgErr(errPostgres, "mark queued", fmt.Errorf("%w: %d rows updated of %d locked", errMismatch, n, len(queued)))
 		}
 	}
 	if len(bad) > 0 {

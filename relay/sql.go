@@ -5,44 +5,47 @@ import "fmt"
 // statements are the relay's SQL with the outbox table (a validated, quoted name)
 // spliced in.
 type statements struct {
-	selectDue, selectDueQueues string
-	markQueued, markInvalid    string
-	nextDue, nextDueQueues     string
-	markDead                   string
-	queues                     string
-	depthLive, depthFinished   string
-	prune                      string
+	takeDue, takeDueQueues   string
+	markInvalid              string
+	nextDue, nextDueQueues   string
+	markDead                 string
+	queues                   string
+	depthLive, depthFinished string
+	prune                    string
 }
 
 func newStatements(table string) statements {
-	// selectDue takes the batch of a round: $1 horizon in µs, $2 limit. The index
-	// delayq_outbox_pending_run_at_idx serves it in run_at order; rows locked by
-	// another relay are skipped, so relays side by side share the work.
-	// ctid identifies each row for the UPDATE of the same round: the row lock
-	// keeps it valid, and a TID scan is the cheapest way back to the row.
-	const selectDue = `SELECT ctid, queue, task_id, run_at, payload, attempt, max_attempts, version
-FROM %s
-WHERE state = 'pending' AND run_at < now() + $1::bigint * interval '1 microsecond'%s
-ORDER BY run_at
-LIMIT $2
-FOR UPDATE SKIP LOCKED`
+	// takeDue takes the batch of a round and marks it queued, in one statement:
+	// $1 horizon in µs, $2 limit. The index delayq_outbox_pending_run_at_idx
+	// serves the inner SELECT in run_at order; rows locked by another relay are
+	// skipped, so relays side by side share the work. The rows it locked are
+	// updated by ctid (a TID scan) and returned. They are queued only if the
+	// round commits, after its Redis write; a round that fails rolls back, and
+	// the rows are pending again. (A row updated by someone else between the
+	// statement's snapshot and its lock is not returned, and waits for the next
+	// round.)
+	const takeDue = `UPDATE %[1]s
+SET state = 'queued', queued_at = now()
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
+	WHERE state = 'pending' AND run_at < now() + $1::bigint * interval '1 microsecond'%[2]s
+	ORDER BY run_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+))
+RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
 	return statements{
-		selectDue:       fmt.Sprintf(selectDue, table, ""),
-		selectDueQueues: fmt.Sprintf(selectDue, table, " AND queue = ANY($3::text[])"),
-		nextDue:         fmt.Sprintf(nextDue, table, ""),
-		nextDueQueues:   fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
-
-		// $1 ctids of the round's rows. The round's lock keeps them pending, so
-		// ctid alone names them: a TID scan, however many rows are pending.
-		markQueued: fmt.Sprintf(`UPDATE %s
-SET state = 'queued', queued_at = now()
-WHERE ctid = ANY($1::tid[])`, table),
+		takeDue:       fmt.Sprintf(takeDue, table, ""),
+		takeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),
+		nextDue:       fmt.Sprintf(nextDue, table, ""),
+		nextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 
 		// $1 ctids, $2 errors: rows of the round Redis would refuse (a payload over
-		// its limit); they wait for a person like any dead task.
+		// its limit), by the ctids takeDue returned; they wait for a person like any
+		// dead task.
 		markInvalid: fmt.Sprintf(`UPDATE %s
 SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now()
 WHERE ctid = ANY($1::tid[])`, table),

@@ -50,11 +50,12 @@ FROM generate_series(1, 20000) AS i`)
 		args      []any
 		index     string
 	}{
-		{"select due", st.selectDue, []any{hour, 1000}, "delayq_outbox_pending_run_at_idx"},
+		{"take due", st.takeDue, []any{hour, 1000}, "delayq_outbox_pending_run_at_idx"},
+		{"take due by ctid", st.takeDue, []any{hour, 1000}, "Tid Scan"},
+		{"take due of queues", st.takeDueQueues, []any{hour, 1000, []string{"q1", "q2"}}, "delayq_outbox_pending_run_at_idx"},
 		{"next due", st.nextDue, nil, "delayq_outbox_pending_run_at_idx"},
 		{"queues", st.queues, nil, "delayq_outbox_queued_idx"},
 		{"depth", st.depthLive, nil, "delayq_outbox_queued_idx"},
-		{"mark queued", st.markQueued, []any{tids}, "Tid Scan"},
 		{"mark invalid", st.markInvalid, []any{tids, errs}, "Tid Scan"},
 		{"prune", st.prune, []any{(7 * 24 * time.Hour).Microseconds(), 1000}, "delayq_outbox_done_at_idx"},
 	} {
