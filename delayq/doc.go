@@ -34,8 +34,8 @@
 //	              └────────────────┤ Release (shutdown, run not counted)
 //	                               └ Retry / Reap (no runs left), Kill ──▶ dead ──RequeueDead──▶ ready
 //
-// Each claim gives the task a fresh lease token. Extend, Complete, Retry, Kill and
-// Release need it; a stale token (the lease was reaped, the task rescheduled or
+// Each claim gives the task a fresh lease token. Extend, Complete (CompleteMany
+// for a batch, one script call), Retry, Kill and Release need it; a stale token (the lease was reaped, the task rescheduled or
 // removed) gets ErrLeaseLost and changes nothing. Claim also counts the run
 // (Attempt).
 //

@@ -13,9 +13,10 @@
 // # Two kinds of handlers
 //
 // A transactional handler (HandleTx) gets a pgx.Tx that the worker began. After the
-// handler returns nil, the worker runs the completion guard outbox.MarkDone in the
-// same transaction and commits: the handler's writes and "task done" commit
-// together or not at all. The guard matches only a row that is still pending or
+// handler returns nil, the worker runs the completion guard (outbox.MarkDone's) in
+// the same transaction and commits, both in one round trip: the handler's writes
+// and "task done" commit together or not at all (a guard that matches nothing
+// raises an error, which aborts the transaction before the COMMIT). The guard matches only a row that is still pending or
 // queued at the claimed version (pending belongs there: a worker can claim a task
 // before the relay that moved it to Redis has committed, and that relay may roll
 // back). When it matches nothing, someone has finished the task already (a lease
@@ -27,6 +28,11 @@
 // It runs at least once; the completion is still recorded in the outbox after it
 // returns nil. Pass Task.IdempotencyKey to the external system so that it applies
 // the effect once.
+//
+// Finished runs are settled in batches without a timer: the completions of plain
+// runs go to Postgres in one guarded UPDATE and one commit for all that finished
+// while the previous batch was written, and successful runs of both kinds are
+// acknowledged in Redis with one script call per queue (delayq CompleteMany).
 //
 // # Leases and heartbeats
 //
