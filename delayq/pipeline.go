@@ -29,7 +29,7 @@ func (c *Client) ValidateTask(t Task) error { return c.checkTask(t) }
 // an existing task is a duplicate, repeating the whole call is safe.
 //
 // When Redis does not know the script (after a restart or SCRIPT FLUSH), it is
-// loaded and the pipeline sent once more.
+// loaded and the calls Redis refused are sent once more.
 func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([][]EnqueueStatus, error) {
 	type call struct {
 		batch, start, n int
@@ -64,30 +64,39 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 		return out, nil
 	}
 
-	send := func() ([]*redis.Cmd, error) {
-		cmds := make([]*redis.Cmd, len(calls))
-		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, cl := range calls {
-				cmds[i] = c.s.enqueue.EvalSha(ctx, p, cl.keys, cl.args...)
+	cmds := make([]*redis.Cmd, len(calls))
+	send := func(idx []int) {
+		// The error is in the commands too, read below.
+		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = c.s.enqueue.EvalSha(ctx, p, calls[i].keys, calls[i].args...)
 			}
 			return nil
 		})
-		return cmds, err
 	}
-	cmds, err := send()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if lerr := c.s.enqueue.Load(ctx, c.rdb).Err(); lerr != nil {
-			return nil, fmt.Errorf("delayq: enqueue: load script: %w", lerr)
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	// Only the calls Redis refused for want of the script go again: on a Cluster
+	// some nodes may know it and have run theirs, whose statuses must stand.
+	var again []int
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, i)
 		}
-		cmds, err = send()
 	}
-	if err != nil {
-		return nil, fmt.Errorf("delayq: enqueue (%d script calls, pipelined): %w", len(calls), err)
+	if len(again) > 0 {
+		if err := c.s.enqueue.Load(ctx, c.rdb).Err(); err != nil {
+			return nil, fmt.Errorf("delayq: enqueue: load script: %w", err)
+		}
+		send(again)
 	}
 	for i, cl := range calls {
 		v, err := cmds[i].Result()
 		if err != nil {
-			return nil, fmt.Errorf("delayq: enqueue %s: %w", batches[cl.batch].Queue, err)
+			return nil, fmt.Errorf("delayq: enqueue %s (%d script calls, pipelined): %w", batches[cl.batch].Queue, len(calls), err)
 		}
 		st, err := parseEnqueue(v, cl.n)
 		if err != nil {

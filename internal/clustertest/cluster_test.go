@@ -27,14 +27,58 @@ func TestCluster(t *testing.T) {
 	t.Parallel()
 	rdb, cl := testenv.RedisCluster(t)
 	queues := queueNames()
-	for addr, qs := range byMaster(t, rdb, cl, queues) {
+	perMaster := byMaster(t, rdb, cl, queues)
+	for addr, qs := range perMaster {
 		t.Logf("master %s: %d queues", addr, len(qs))
 	}
+	// Before the parallel subtests, which load the scripts as they go.
+	t.Run("PipelinedPartlyKnownScript", func(t *testing.T) { testPartlyKnownScript(t, rdb, queues, perMaster) })
 	t.Run("Delayq", func(t *testing.T) { t.Parallel(); testDelayq(t, rdb, queues) })
 	t.Run("Waiter", func(t *testing.T) { t.Parallel(); testWaiter(t, rdb, queues) })
 	t.Run("Relay", func(t *testing.T) { t.Parallel(); testRelay(t, rdb, queues) })
 	t.Run("Worker", func(t *testing.T) { t.Parallel(); testWorker(t, rdb, queues) })
 	t.Run("SlotMigration", func(t *testing.T) { t.Parallel(); testSlotMigration(t, rdb, cl, queues) })
+}
+
+// testPartlyKnownScript: one master knows the enqueue script and the others do
+// not (a restarted node, a SCRIPT FLUSH). A pipelined enqueue over every queue runs
+// on the first master at once and is refused elsewhere; only the refused calls go
+// again, so every status is Added, none Duplicate.
+func testPartlyKnownScript(t *testing.T, rdb *redis.ClusterClient, queues []string, perMaster map[string][]string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return m.ScriptFlush(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dq := newDQ(t, rdb, testenv.ClusterPrefix(t, rdb), 2*time.Second)
+	var warm string
+	for _, qs := range perMaster {
+		warm = qs[0]
+		break
+	}
+	// A single enqueue loads the script on that queue's master only.
+	if _, err := dq.Enqueue(ctx, warm, delayq.Task{ID: "warm-up"}); err != nil {
+		t.Fatal(err)
+	}
+	batches := make([]delayq.QueueTasks, len(queues))
+	for i, q := range queues {
+		batches[i] = delayq.QueueTasks{Queue: q, Tasks: []delayq.Task{{ID: "a"}, {ID: "b"}}}
+	}
+	for round, want := range []delayq.EnqueueStatus{delayq.Added, delayq.Duplicate} {
+		st, err := dq.EnqueuePipelined(ctx, batches)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i, b := range st {
+			for j, s := range b {
+				if s != want {
+					t.Errorf("round %d: %s/%s: %v, want %v", round, queues[i], batches[i].Tasks[j].ID, s, want)
+				}
+			}
+		}
+	}
 }
 
 // What the claimers of testDelayq do with a task at its first run.
