@@ -314,8 +314,15 @@ func TestEnqueueHigherVersionReplaces(t *testing.T) {
 	if st := b.enqueue(t, Task{ID: "v", RunAt: now.Add(-time.Second), Version: 3}); st[0] != Replaced {
 		t.Errorf("status %v", st)
 	}
-	if got := b.claim(t, 1, time.Minute); len(got.Tasks) != 1 || got.Tasks[0].Version != 3 {
-		t.Errorf("claim %+v", got)
+	if got := b.claim(t, 1, time.Minute); len(got.Tasks) != 1 || got.Tasks[0].Version != 3 || got.Tasks[0].Attempt != 1 {
+		t.Errorf("claim %+v, want version 3 at attempt 1 (the revoked run does not count)", got)
+	}
+	// The replacement carries the outbox's attempts (recorded failures).
+	if st := b.enqueue(t, Task{ID: "v", RunAt: now.Add(-time.Second), Version: 4, Attempt: 2}); st[0] != Replaced {
+		t.Errorf("status %v", st)
+	}
+	if got := b.claim(t, 1, time.Minute); len(got.Tasks) != 1 || got.Tasks[0].Attempt != 3 {
+		t.Errorf("claim %+v, want attempt 3", got)
 	}
 }
 

@@ -4,8 +4,9 @@
 -- done-retention TTL runs out (or until remove). An existing hash makes the task a
 -- duplicate, except when the given version is higher than the stored one (a
 -- Reschedule in the outbox, which only ever reaches a task Postgres has not finished):
--- then score, payload, max_attempts and version are replaced, whatever the status —
--- a lease is revoked, a dead or done copy of the older version is brought back.
+-- then score, payload, max_attempts, attempts and version are replaced, whatever the
+-- status — a lease is revoked, a dead or done copy of the older version is brought
+-- back.
 --
 -- KEYS[1]  ready ZSET            "<prefix>:{<queue>}:ready"
 -- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
@@ -108,6 +109,14 @@ for i = 1, n do
       redis.call('PERSIST', h)
     end
     redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
+    -- The attempts are the given ones (the outbox's count of recorded failures):
+    -- a run whose lease the replacement revoked does not count, as a released
+    -- one does not.
+    if attempt > 0 then
+      redis.call('HSET', h, 'a', attempt)
+    else
+      redis.call('HDEL', h, 'a')
+    end
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 2
