@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// listenLoop holds a connection of its own (outside the pool) that LISTENs on the
-// notify channel, and wakes the relay loop for every notification. Producers
+// listenLoop holds a connection of its own (taken out of the pool) that LISTENs on
+// the notify channel, and wakes the relay loop for every notification. Producers
 // notify in their transaction, so Postgres delivers it at commit, never for a
 // rollback. After (re)connecting it wakes the relay once, since notifications sent
 // while it was away are lost; the poll interval covers that time.
@@ -35,12 +35,16 @@ func (r *Relay) listenLoop(ctx context.Context) {
 }
 
 // listen connects, LISTENs, calls up, and forwards notifications until the
-// connection fails or ctx ends.
+// connection fails or ctx ends. The connection comes from the pool and is taken
+// out of it (Hijack), so the pool's hooks apply to it as to every other: a
+// BeforeConnect that fetches a rotated password, an AfterConnect that sets up the
+// session.
 func (r *Relay) listen(ctx context.Context, up func()) error {
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	pc, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
+	conn := pc.Hijack()
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -734,4 +736,42 @@ func ceilMilli(t time.Time) time.Time {
 		return c.Add(time.Millisecond)
 	}
 	return t
+}
+
+// The LISTEN connection is made by the pool, so the pool's BeforeConnect hook (a
+// rotated password, here a marker in application_name) applies to it too.
+func TestListenConnectionUsesPoolHooks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const marker = "delayq-test-before-connect"
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.RuntimeParams["application_name"] = marker
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	rl, err := relay.New(pool, b.dq, relay.Config{PollInterval: time.Minute, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, 10*time.Second, func() (bool, string) {
+		var n int
+		err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND query LIKE 'LISTEN %'`, marker).Scan(&n)
+		return err == nil && n == 1, fmt.Sprintf("%d LISTEN connections with the hook's marker (%v)", n, err)
+	})
+	// And it works: a notification wakes the relay, long before its poll.
+	b.enqueue(t, task("mail", "woken"))
+	b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
 }
