@@ -135,9 +135,21 @@ func (p *Postgres) Stop() {
 	p.halt(syscall.SIGINT)
 }
 
-// Kill ends the server at once, as a crash would.
+// Kill ends the server at once, as a crash would: the postmaster and every backend
+// and background process (the whole process group). It returns once none of them
+// runs any more, so that a Start right after does not find the old shared memory
+// still attached.
 func (p *Postgres) Kill() {
-	p.halt(syscall.SIGKILL)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil {
+		return
+	}
+	pgid := p.proc.cmd.Process.Pid // Setpgid: the postmaster leads its group
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	p.proc.stop(syscall.SIGKILL, 10*time.Second)
+	p.proc = nil
+	waitGroupGone(pgid, 10*time.Second)
 }
 
 func (p *Postgres) halt(sig syscall.Signal) {

@@ -9,6 +9,7 @@
 package tempserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -162,6 +164,45 @@ func startProcess(cmd *exec.Cmd, logPath string) (*process, error) {
 		close(p.exited)
 	}()
 	return p, nil
+}
+
+// waitGroupGone waits until no process of group pgid runs (zombies aside: they hold
+// no memory), at most timeout. Linux: it reads /proc.
+func waitGroupGone(pgid int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for delay := time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 50*time.Millisecond) {
+		if !groupRunning(pgid) {
+			return
+		}
+		time.Sleep(delay)
+	}
+}
+
+// groupRunning tells whether a process of group pgid is alive and not a zombie.
+func groupRunning(pgid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces, so read after ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 3 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }
 
 // stop sends sig and waits up to grace for the exit, then kills.

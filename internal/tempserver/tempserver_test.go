@@ -63,7 +63,13 @@ func TestPostgresRestartKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close(ctx)
+	pgid := pg.proc.cmd.Process.Pid
 	pg.Kill()
+	// The whole server is gone, not just the postmaster: a backend or background
+	// process left behind would keep the old shared memory attached.
+	if groupRunning(pgid) {
+		t.Fatal("processes of the killed server still run")
+	}
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
