@@ -650,9 +650,8 @@ func TestPostgresRestart(t *testing.T) {
 	b.enqueue(t, task("q", "before"))
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
 
-	// Stop (fast shutdown: sessions are ended), not Kill: a start right after a
-	// SIGKILL sometimes fails in tempserver while the old backends exit.
-	pg.Stop()
+	// A crash: every server process SIGKILLed, crash recovery at the next start.
+	pg.Kill()
 	eventually(t, 10*time.Second, func() (bool, string) {
 		n := rl.metric(t, "delayq_relay_errors_total", "kind", "listen")
 		return n >= 1, fmt.Sprintf("%v listen errors", n)

@@ -115,9 +115,10 @@ func TestRedisRestart(t *testing.T) {
 	}
 }
 
-// Postgres stopped (fast shutdown: every session ended) and started again twice
-// while the load runs: the relay, the workers and the producer recover by
-// themselves.
+// Postgres goes down and comes back twice while the load runs, once stopped (fast
+// shutdown: every session ended) and once killed (SIGKILL to every process: crash
+// recovery at start): the relay, the workers and the producer recover by
+// themselves, and no committed task is lost.
 func TestPostgresRestart(t *testing.T) {
 	t.Parallel()
 	pg := testenv.OwnPostgres(t)
@@ -135,7 +136,11 @@ func TestPostgresRestart(t *testing.T) {
 		if !pause(ctx, between(1500*time.Millisecond, 2500*time.Millisecond)) {
 			break
 		}
-		pg.Stop()
+		if restarts == 0 {
+			pg.Stop()
+		} else {
+			pg.Kill()
+		}
 		pause(ctx, between(300*time.Millisecond, time.Second))
 		if err := pg.Start(ctx); err != nil {
 			t.Fatalf("start Postgres again: %v", err)
