@@ -14,8 +14,8 @@
 // Scenarios: worker processes SIGKILLed at random; relay processes SIGKILLed
 // between the Redis write and the Postgres commit, and at random; Redis restarted
 // without persistence, then reconcile; Postgres stopped, then killed (crash
-// recovery), and restarted each time; Redis slowed down and
-// cut off behind a TCP proxy; a worker whose clock is minutes off Redis's.
+// recovery), started again each time; Redis slowed down and cut off behind a TCP
+// proxy; a worker whose clock is minutes off Redis's.
 //
 // Each scenario prints one line to stdout (and the test log) in a stable format:
 //
