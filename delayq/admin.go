@@ -259,19 +259,8 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 		if err != nil {
 			return out, fmt.Errorf("delayq: repair %s: %w", queue, err)
 		}
-		a, err := asArray(v, "repair")
-		if err != nil {
+		if out, err = appendApplied(out, v, "repair", len(batch)); err != nil {
 			return out, err
-		}
-		if len(a) != len(batch) {
-			return out, replyErr("repair: %d statuses for %d repairs", len(a), len(batch))
-		}
-		for _, x := range a {
-			code, err := parseCode(x, "repair", 0, 1)
-			if err != nil {
-				return out, err
-			}
-			out = append(out, code == 1)
 		}
 	}
 	return out, nil

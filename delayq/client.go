@@ -287,7 +287,7 @@ func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease)
 			}
 			return nil, fmt.Errorf("delayq: complete %d tasks of %s: %w", len(part), queue, err)
 		}
-		if done, err = appendCompleted(done, v, len(part)); err != nil {
+		if done, err = appendApplied(done, v, "complete", len(part)); err != nil {
 			return nil, err
 		}
 	}

@@ -221,24 +221,26 @@ func parseCode(v any, what string, allowed ...int64) (int64, error) {
 	return 0, replyErr("%s: status %d", what, n)
 }
 
-// appendCompleted reads complete's reply, one code per task (1 done, 0 lease lost),
-// onto done.
-func appendCompleted(done []bool, v any, n int) ([]bool, error) {
-	a, err := asArray(v, "complete")
+// appendApplied reads a reply of one code per call item (1 applied, 0 not: a lost
+// lease, a changed task), as complete and repair give, onto dst. On an error dst
+// comes back as it was.
+func appendApplied(dst []bool, v any, what string, n int) ([]bool, error) {
+	a, err := asArray(v, what)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
 	if len(a) != n {
-		return nil, replyErr("complete: %d codes for %d tasks", len(a), n)
+		return dst, replyErr("%s: %d codes for %d items", what, len(a), n)
 	}
+	out := dst
 	for _, x := range a {
-		code, err := parseCode(x, "complete", 0, 1)
+		code, err := parseCode(x, what, 0, 1)
 		if err != nil {
-			return nil, err
+			return dst, err
 		}
-		done = append(done, code == 1)
+		out = append(out, code == 1)
 	}
-	return done, nil
+	return out, nil
 }
 
 func parseIDs(v any, what string) ([]string, error) {
