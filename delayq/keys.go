@@ -45,24 +45,28 @@ func KeysFor(prefix, queue string) (Keys, error) {
 	}, nil
 }
 
-// TaskKey is the key of the hash of task id. The task hash has short fields:
+// TaskKey is the key of the hash of task id. The task hash has short fields, and a
+// field at its default value may be absent:
 //
-//	s  status: "r" ready, "a" active, "d" done, "x" dead
-//	p  payload
+//	s  status: "r" ready, "a" active, "d" done, "x" dead (absent = "r")
+//	p  payload (always present until the task is done)
 //	a  attempts started so far (absent = 0)
-//	m  max attempts
-//	v  outbox version; an enqueue with a higher one replaces a ready or active task
+//	m  max attempts (absent = 25)
+//	v  outbox version; an enqueue with a higher one replaces the task (absent = 1)
 //	t  lease token, only while active
 //	e  last error summary, after a failure
 //
+// A new task is written with p and only the fields that differ from their defaults,
+// so a ready task with default settings is a one-field hash. Scripts read both forms.
 // The hash is also the Redis dedupe record: enqueue of an id whose hash exists is a
-// duplicate. A done task keeps only "s", with the done retention as its TTL.
+// duplicate. A done task keeps only "s" (and "v"), with the done retention as its TTL.
 //
 // Memory (Redis 7, jemalloc, 100,000 ready tasks with a 20-byte payload, queue
-// "payment", ids "order-0000001"): about 250 bytes per ready task, hash and ZSET
-// member together; about 155 per done task kept for the retention. Allocations come
-// in size classes (16, 32, 48, 64 bytes ...): a task key longer than 28 bytes, or a
-// payload that makes the hash listpack exceed 48 bytes, costs the next class.
+// "payment", ids "order-0000001"): about 234 bytes per ready task, hash and ZSET
+// member together (250 when the task sets max attempts or a version); about 155 per
+// done task kept for the retention. Allocations come in size classes (16, 32, 48,
+// 64 bytes ...): a task key longer than 28 bytes, or a payload that makes the hash
+// listpack exceed 32 bytes (48 with non-default fields), costs the next class.
 func (k Keys) TaskKey(id string) string { return k.TaskPrefix + id }
 
 // keysForTask validates the task id as well.

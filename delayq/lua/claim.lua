@@ -57,7 +57,9 @@ if #due > 0 then
     local id = due[i]
     local h = KEYS[3] .. id
     local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a')
-    if f[1] == 'r' then
+    -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
+    -- is ready, no m is 25, no v is 1.
+    if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
       local attempt = (tonumber(f[5]) or 0) + 1
       count = count + 1
       local token = base .. '.' .. count
@@ -68,7 +70,7 @@ if #due > 0 then
       out[k + 1] = id
       out[k + 2] = f[2] or ''
       out[k + 3] = attempt
-      out[k + 4] = tonumber(f[3]) or 1
+      out[k + 4] = tonumber(f[3]) or 25
       out[k + 5] = tonumber(f[4]) or 1
       out[k + 6] = token
       out[k + 7] = fmt(math.floor(tonumber(due[i + 1]) * 1000 + 0.5))

@@ -37,6 +37,17 @@ end
 
 local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
 
+-- A new task's hash holds its payload and only the fields that differ from their
+-- defaults (absent s = "r", a = 0, m = 25, v = 1; see Keys.TaskKey): with a small
+-- payload the hash is a 32-byte listpack instead of a 48-byte one.
+local function write_new(h, payload, max, ver, attempt)
+  local f = { 'p', payload }
+  if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
+  if ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = ver end
+  if attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = attempt end
+  redis.call('HSET', h, unpack(f))
+end
+
 local function head()
   local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
@@ -88,24 +99,21 @@ for i = 1, n do
   local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local h = KEYS[3] .. id
-  local cur = redis.call('HMGET', h, 's', 'v')
-  if cur[1] == false then
-    if attempt > 0 then
-      redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver, 'a', attempt)
-    else
-      redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
-    end
+  local cur = redis.call('HMGET', h, 's', 'v', 'p')
+  local st = cur[1] or (cur[3] and 'r') -- false: no hash
+  if st == false then
+    write_new(h, payload, max, ver, attempt)
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
-  elseif cur[2] ~= false and tonumber(cur[2]) < ver then
-    if cur[1] == 'a' then
+  elseif (tonumber(cur[2]) or 1) < ver then
+    if st == 'a' then
       redis.call('ZREM', KEYS[2], id)
       redis.call('HDEL', h, 't')
-    elseif cur[1] == 'x' then
+    elseif st == 'x' then
       redis.call('ZREM', KEYS[4], id)
       redis.call('HDEL', h, 'e')
-    elseif cur[1] == 'd' then
+    elseif st == 'd' then
       redis.call('PERSIST', h)
     end
     redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
@@ -124,9 +132,9 @@ for i = 1, n do
     -- Duplicate. Repair a hash that lost its ZSET member, so it cannot be stuck:
     -- ready goes back to ready, active to active with an expired lease (the reaper
     -- takes it). ZADD NX leaves a present member alone.
-    if cur[1] == 'r' then
+    if st == 'r' then
       redis.call('ZADD', KEYS[1], 'NX', score, id)
-    elseif cur[1] == 'a' then
+    elseif st == 'a' then
       redis.call('ZADD', KEYS[2], 'NX', 0, id)
     end
     out[i] = 0

@@ -23,6 +23,12 @@ local out = {}
 for _, id in ipairs(ARGV) do
   local h = KEYS[4] .. id
   local f = redis.call('HMGET', h, 's', 'p', 'a', 'm', 'v', 'e')
+  -- Fields at their defaults are absent (Keys.TaskKey); report their values.
+  f[1] = f[1] or (f[2] and 'r')
+  if f[1] then
+    f[5] = f[5] or '1'
+    if f[1] ~= 'd' then f[4] = f[4] or '25' end
+  end
   local score = redis.call('ZSCORE', KEYS[1], id) or redis.call('ZSCORE', KEYS[2], id)
     or redis.call('ZSCORE', KEYS[3], id) or ''
   local k = #out

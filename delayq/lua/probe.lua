@@ -24,6 +24,12 @@ local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms
 -- Keep read() identical in repair.lua: the fingerprints must match.
 local function read(id)
   local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')
+  -- Fields at their defaults are absent (Keys.TaskKey); report their values.
+  if f[1] == false and redis.call('HEXISTS', KEYS[4] .. id, 'p') == 1 then f[1] = 'r' end
+  if f[1] then
+    f[2] = f[2] or '1'
+    if f[1] ~= 'd' then f[4] = f[4] or '25' end
+  end
   local rs = redis.call('ZSCORE', KEYS[1], id) or ''
   local as = redis.call('ZSCORE', KEYS[2], id) or ''
   local ds = redis.call('ZSCORE', KEYS[3], id) or ''

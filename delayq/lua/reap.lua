@@ -68,7 +68,7 @@ for i, id in ipairs(expired) do
   else
     redis.call('HDEL', h, 't')
     local attempt = tonumber(f[2]) or 0
-    if attempt < (tonumber(f[3]) or 1) then
+    if attempt < (tonumber(f[3]) or 25) then -- absent m: 25 (Keys.TaskKey)
       local d = cap
       if attempt <= 41 then d = math.min(cap, base * 2 ^ math.max(attempt - 1, 0)) end
       local r = (seed / 1000000 + i * 0.6180339887498949) % 1

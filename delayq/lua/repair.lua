@@ -8,9 +8,9 @@
 --
 -- Operations:
 --   remove   delete the task hash and the id from ready, active and dead
---   restore  the same, then write the task afresh: status "r", the given payload,
---            max_attempts, attempt (field omitted when 0) and version, in ready at
---            the given due time
+--   restore  the same, then write the task afresh as enqueue writes a new one:
+--            ready, the given payload, max_attempts, attempt and version (fields
+--            at their defaults left out), in ready at the given due time
 --   expire   for an active task that lost its place in active (or sits in another
 --            ZSET too): drop it from ready and dead, and add it to active with score
 --            0 unless it is there, so the reaper takes it back like an expired lease
@@ -49,6 +49,12 @@ local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms
 -- Identical to read() in probe.lua.
 local function read(id)
   local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')
+  -- Fields at their defaults are absent (Keys.TaskKey); report their values.
+  if f[1] == false and redis.call('HEXISTS', KEYS[4] .. id, 'p') == 1 then f[1] = 'r' end
+  if f[1] then
+    f[2] = f[2] or '1'
+    if f[1] ~= 'd' then f[4] = f[4] or '25' end
+  end
   local rs = redis.call('ZSCORE', KEYS[1], id) or ''
   local as = redis.call('ZSCORE', KEYS[2], id) or ''
   local ds = redis.call('ZSCORE', KEYS[3], id) or ''
@@ -124,11 +130,12 @@ for i, r in ipairs(reps) do
       redis.call('ZREM', KEYS[3], id)
       redis.call('DEL', h)
       if r.op == 'restore' then
-        if r.attempt > 0 then
-          redis.call('HSET', h, 's', 'r', 'p', r.payload, 'm', r.max, 'v', r.ver, 'a', r.attempt)
-        else
-          redis.call('HSET', h, 's', 'r', 'p', r.payload, 'm', r.max, 'v', r.ver)
-        end
+        -- As enqueue writes a new task: fields at their defaults left out.
+        local f = { 'p', r.payload }
+        if r.max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = r.max end
+        if r.ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = r.ver end
+        if r.attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = r.attempt end
+        redis.call('HSET', h, unpack(f))
         redis.call('ZADD', KEYS[1], r.score, id)
       end
     end

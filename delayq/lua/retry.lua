@@ -47,7 +47,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREM', KEYS[2], id)
 redis.call('HDEL', h, 't')
-if (tonumber(f[3]) or 0) >= (tonumber(f[4]) or 1) then
+if (tonumber(f[3]) or 0) >= (tonumber(f[4]) or 25) then -- absent m: 25 (Keys.TaskKey)
   redis.call('HSET', h, 's', 'x', 'e', msg)
   redis.call('ZADD', KEYS[3], fmt(now), id)
   return 2

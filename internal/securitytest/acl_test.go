@@ -33,7 +33,7 @@ var (
 	// operatorCommands: the commands reconcile, check, stats, dead and cancel
 	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds).
 	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan",
-		"del", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
+		"del", "hexists", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
 )
 
 // aclRules are the ACL rules (after "user NAME on >PASSWORD") that give a user the
