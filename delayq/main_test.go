@@ -45,13 +45,16 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// redisNow is the Redis clock in whole milliseconds, as the scripts read it: a
+// finer "now" can lie ahead of a script's now within the same millisecond, and a
+// due time rounded up from it past Redis's clock.
 func redisNow(t *testing.T, rdb redis.UniversalClient) time.Time {
 	t.Helper()
 	now, err := rdb.Time(context.Background()).Result()
 	if err != nil {
 		t.Fatalf("TIME: %v", err)
 	}
-	return now
+	return now.Truncate(time.Millisecond)
 }
 
 // snapshot returns every key under the bundle's prefix with its serialized value,
