@@ -67,9 +67,11 @@
 //
 // Each queue claims as many tasks as it has free handler slots
 // (QueueConfig.Concurrency) in one script call, again as soon as a slot frees while
-// tasks are due. When none is due, it sleeps exactly until the next one falls due
-// by the Redis clock, or until an earlier one is enqueued (delayq.Waiter): there is
-// no polling interval.
+// tasks are due. When none is due, it sleeps until the next one falls due by the
+// Redis clock, or until an earlier one is enqueued (delayq.Waiter): there is no
+// polling interval. A long sleep ends a little early (50, then 10, then 2 ms before
+// the due time) with a claim that finds nothing due yet, so that the claim at the
+// due time does not pay for waking an idle machine; no task is ever claimed early.
 //
 // # Metrics
 //
