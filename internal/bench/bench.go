@@ -88,7 +88,7 @@ func Workloads() []string {
 		names = append(names, n)
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-plain": 4,
-		"lateness": 5, "memory": 6, "recovery": 7, "idle": 8}
+		"lateness": 5, "memory": 6, "recovery": 7, "idle": 8, "bounds": 9}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

@@ -26,11 +26,11 @@ func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) 
 	if masters < 3 {
 		return nil, fmt.Errorf("tempserver: a cluster needs at least 3 masters, got %d", masters)
 	}
-	bin, err := lookPath("redis-server")
+	bin, err := LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-server: %s", ErrNoServer, InstallHint)
 	}
-	cli, err := lookPath("redis-cli")
+	cli, err := LookPath("redis-cli")
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-cli: %s", ErrNoServer, InstallHint)
 	}

@@ -42,7 +42,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 300
 	}
-	initdb, err := lookPath("initdb", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	initdb, err := LookPath("initdb", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
 	if err == nil {
 		return startLocalPostgres(ctx, filepath.Dir(initdb), opts)
 	}

@@ -43,8 +43,9 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// lookPath finds a binary on PATH or in the extra directories, newest first.
-func lookPath(name string, extraGlobs ...string) (string, error) {
+// LookPath finds a binary on PATH, else in the directories the globs match (newest
+// version first), e.g. "/usr/lib/postgresql/*/bin".
+func LookPath(name string, extraGlobs ...string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}

@@ -1,0 +1,348 @@
+package bench
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/tempserver"
+	"github.com/delayq/delayq/outbox"
+)
+
+// bounds measures, on the same servers, the ceilings BENCHMARKS.md reads the
+// transactional workloads against: pgbench running enqueue-tx's transaction (8
+// clients) and drain-tx's (32 clients, the guard and COMMIT pipelined), and
+// redis-benchmark running the issue's three-command script (32 clients). The SQL is
+// captured from a real Enqueue and a real worker run, so it is delayq's, whatever it
+// becomes. These are what Postgres and Redis do alone: no delayq process runs
+// meanwhile.
+func bounds(ctx context.Context, s *session, r *Result) error {
+	pgbench, err := findPgbench()
+	if err != nil {
+		return err
+	}
+	secs := max(1, int(5*s.env.Scale+0.5))
+	rows := s.n(400_000)
+	r.Params["seconds_each"], r.Params["guard_rows"] = secs, rows
+
+	enq, guard, err := s.captureSQL(ctx)
+	if err != nil {
+		return err
+	}
+	// Rows for the guard to complete, as the relay leaves them. A random row a
+	// transaction: the few drawn twice are already done and update nothing, and
+	// the guard's division by zero (which aborts a worker's transaction) is left
+	// out, or it would end the pgbench client.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, payload, max_attempts, state)
+SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, $2::int) AS g`, payload20, rows); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {
+		return err
+	}
+	_, _ = s.pool.Exec(ctx, "CHECKPOINT")
+
+	dir, err := os.MkdirTemp("", "delayq-bounds-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	guardNoAbort := strings.Replace(guard, "SELECT 1 / count(*)", "SELECT count(*)", 1)
+	if guardNoAbort == guard {
+		return errors.New("bounds: the worker's guard no longer ends in SELECT 1 / count(*)")
+	}
+	scripts := map[string]string{
+		"enqueue.sql": "\\set id random(1, 1000000000)\nBEGIN;\n" + oneLine(enq) + ";\nCOMMIT;\n",
+		"guard.sql": fmt.Sprintf("\\set id random(1, %d)\nBEGIN;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n",
+			rows, oneLine(guardNoAbort)),
+	}
+	for name, body := range scripts {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			return err
+		}
+	}
+	for _, b := range []struct {
+		figure, script string
+		clients        int
+	}{
+		{"enqueue_tx_bound", "enqueue.sql", 8},
+		{"drain_tx_bound", "guard.sql", 32},
+	} {
+		tps, err := runPgbench(ctx, pgbench, s.env.DatabaseURL, filepath.Join(dir, b.script), b.clients, secs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.figure, err)
+		}
+		r.add(b.figure, tps, "tx/s")
+	}
+
+	rps, err := s.redisScriptBound(ctx, secs)
+	if err != nil {
+		return err
+	}
+	r.add("redis_script_bound", rps, "scripts/s")
+	return nil
+}
+
+func findPgbench() (string, error) {
+	p, err := tempserver.LookPath("pgbench", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	if err != nil {
+		return "", fmt.Errorf("bounds needs pgbench (it comes with PostgreSQL): %w", err)
+	}
+	return p, nil
+}
+
+func findRedisBenchmark() (string, error) {
+	p, err := tempserver.LookPath("redis-benchmark")
+	if err != nil {
+		return "", fmt.Errorf("bounds needs redis-benchmark (it comes with Redis): %w", err)
+	}
+	return p, nil
+}
+
+// captureSQL runs one real Enqueue in a transaction and one real transactional
+// worker run, on a pool that records the SQL it sends, and returns the enqueue
+// statement and the completion guard with their arguments written in as
+// literals, the task ids as pgbench expressions.
+func (s *session) captureSQL(ctx context.Context) (enqueue, guard string, err error) {
+	rec := &sqlRecorder{}
+	cfg := s.pool.Config()
+	cfg.ConnConfig.Tracer = rec
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return "", "", err
+	}
+	defer pool.Close()
+
+	const enqID, guardID = "bound-enqueue-capture", "bound-guard-capture"
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bound", ID: enqID, Payload: payload20, Delay: time.Hour})
+		return err
+	}); err != nil {
+		return "", "", err
+	}
+	if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: "bound", ID: guardID, Payload: payload20}); err != nil {
+		return "", "", err
+	}
+	if _, err := s.dq.Enqueue(ctx, "bound", delayq.Task{ID: guardID, Payload: payload20, Version: 1}); err != nil {
+		return "", "", err
+	}
+	w, err := worker.New(pool, s.dq, s.ob, worker.Config{})
+	if err != nil {
+		return "", "", err
+	}
+	if err := w.HandleTx("bound", func(context.Context, pgx.Tx, *worker.Task) error { return nil }, worker.QueueConfig{}); err != nil {
+		return "", "", err
+	}
+	stop := s.background(ctx, w.Run)
+	err = waitFor(ctx, time.Minute, "the captured run", func() (bool, error) { return w.Stats().Succeeded == 1, nil })
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return "", "", err
+	}
+
+	ids := map[string]string{
+		enqID:   "('e-' || :client_id || '-' || :id)",
+		guardID: "('g-' || :id)",
+	}
+	for _, q := range rec.queries() {
+		switch {
+		case strings.Contains(q.sql, "INSERT INTO") && containsArg(q.args, enqID):
+			enqueue, err = withLiterals(q.sql, q.args, ids)
+		case strings.Contains(q.sql, "'done'") && containsArg(q.args, guardID):
+			guard, err = withLiterals(q.sql, q.args, ids)
+		}
+		if err != nil {
+			return "", "", err
+		}
+	}
+	if enqueue == "" || guard == "" {
+		return "", "", errors.New("bounds: did not see the enqueue statement and the worker's guard")
+	}
+	return enqueue, guard, nil
+}
+
+// sqlRecorder is a pgx tracer that keeps every statement and its arguments.
+type sqlRecorder struct {
+	mu   sync.Mutex
+	seen []recorded
+}
+
+type recorded struct {
+	sql  string
+	args []any
+}
+
+func (t *sqlRecorder) add(sql string, args []any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.seen = append(t.seen, recorded{sql, args})
+}
+
+func (t *sqlRecorder) queries() []recorded {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]recorded(nil), t.seen...)
+}
+
+func (t *sqlRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	t.add(d.SQL, d.Args)
+	return ctx
+}
+
+func (t *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t *sqlRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (t *sqlRecorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	t.add(d.SQL, d.Args)
+}
+
+func (t *sqlRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func containsArg(args []any, v string) bool {
+	for _, a := range args {
+		if s, ok := a.(string); ok && s == v {
+			return true
+		}
+	}
+	return false
+}
+
+var placeholder = regexp.MustCompile(`\$(\d+)`)
+
+// withLiterals replaces each $n of sql by its argument as an SQL literal, or by
+// ids[argument] for the string arguments ids names.
+func withLiterals(sql string, args []any, ids map[string]string) (string, error) {
+	var bad error
+	out := placeholder.ReplaceAllStringFunc(sql, func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		if n < 1 || n > len(args) {
+			bad = fmt.Errorf("bounds: %s without an argument", p)
+			return p
+		}
+		lit, err := literal(args[n-1], ids)
+		if err != nil {
+			bad = err
+		}
+		return lit
+	})
+	return out, bad
+}
+
+func literal(v any, ids map[string]string) (string, error) {
+	if v == nil {
+		return "NULL", nil
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer {
+		if rv.IsNil() {
+			return "NULL", nil
+		}
+		return literal(rv.Elem().Interface(), ids)
+	}
+	switch x := v.(type) {
+	case string:
+		if e, ok := ids[x]; ok {
+			return e, nil
+		}
+		return "'" + strings.ReplaceAll(x, "'", "''") + "'", nil
+	case []byte:
+		return `'\x` + hex.EncodeToString(x) + `'::bytea`, nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		return fmt.Sprint(x), nil
+	case time.Duration:
+		return fmt.Sprintf("'%d microseconds'::interval", x.Microseconds()), nil
+	case time.Time:
+		return "'" + x.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'::timestamptz", nil
+	}
+	return "", fmt.Errorf("bounds: no SQL literal for an argument of type %T", v)
+}
+
+// oneLine joins a statement's lines: a pgbench script takes one statement a line.
+func oneLine(sql string) string { return strings.Join(strings.Fields(sql), " ") }
+
+var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+func runPgbench(ctx context.Context, bin, url, script string, clients, secs int) (float64, error) {
+	cmd := exec.CommandContext(ctx, bin, "-n", "-M", "prepared", "-f", script,
+		"-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(secs), url)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	m := tpsLine.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench printed no tps\n%s", out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+// redisScriptBound runs the issue's three-command script (SET NX EX, ZADD NX,
+// HSET) with redis-benchmark, 32 clients, on keys under the session's prefix.
+func (s *session) redisScriptBound(ctx context.Context, secs int) (float64, error) {
+	bin, err := findRedisBenchmark()
+	if err != nil {
+		return 0, err
+	}
+	opt, err := redis.ParseURL(s.env.RedisURL)
+	if err != nil {
+		return 0, err
+	}
+	if opt.TLSConfig != nil {
+		return 0, errors.New("bounds: redis-benchmark here does not speak TLS; give a plain redis:// URL")
+	}
+	host, port, ok := strings.Cut(opt.Addr, ":")
+	if !ok {
+		return 0, fmt.Errorf("bounds: Redis address %q", opt.Addr)
+	}
+	// About secs seconds of requests, at the rate the issue quotes.
+	n := max(1000, secs*60_000)
+	args := []string{"-h", host, "-p", port, "-n", strconv.Itoa(n), "-c", "32", "-r", "10000000", "-q",
+		"--dbnum", strconv.Itoa(opt.DB)}
+	if opt.Username != "" {
+		args = append(args, "--user", opt.Username)
+	}
+	if opt.Password != "" {
+		args = append(args, "-a", opt.Password, "--no-auth-warning")
+	}
+	p := s.prefix + ":bound:"
+	args = append(args, "EVAL",
+		"redis.call('SET', KEYS[1], '1', 'NX', 'EX', 3600); redis.call('ZADD', KEYS[2], 'NX', 1, KEYS[1]); redis.call('HSET', KEYS[3], 'p', ARGV[1]); return 1",
+		"3", p+"k:__rand_int__", p+"z", p+"h:__rand_int__", string(payload20))
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %w\n%s", err, out)
+	}
+	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("redis-benchmark printed no rate\n%s", lastLine(out))
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\r")
+	return lines[len(lines)-1]
+}
