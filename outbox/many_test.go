@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -22,11 +21,7 @@ func TestEnqueueManyRunAt(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
-	db, err := migrations.OpenDB(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := b.sqlDB(t)
 	zone := time.FixedZone("x", -(7*3600 + 1800))
 	batch := func(q string) []outbox.Task {
 		return []outbox.Task{

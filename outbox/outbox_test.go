@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,6 +43,18 @@ func newClient(t *testing.T, cfg outbox.Config) *outbox.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// sqlDB opens the bundle's database through database/sql (pgx's stdlib driver),
+// closed when the test ends.
+func (b testBundle) sqlDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := migrations.OpenDB(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
 
 // listen returns a connection listening on the default notify channel.
@@ -395,11 +408,7 @@ func TestBadInput(t *testing.T) {
 		{"negative max attempts", with(func(t *outbox.Task) { t.MaxAttempts = -1 }), outbox.ErrInvalidMaxAttempts},
 		{"max attempts over int32", with(func(t *outbox.Task) { t.MaxAttempts = 1 << 31 }), outbox.ErrInvalidMaxAttempts},
 	}
-	sqlDB, err := migrations.OpenDB(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sqlDB.Close()
+	sqlDB := b.sqlDB(t)
 
 	for _, tc := range cases {
 		// Enqueue in a transaction, which stays usable: nothing was sent.
@@ -514,11 +523,7 @@ func TestSQLPath(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
-	db, err := migrations.OpenDB(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := b.sqlDB(t)
 	l := listen(t, b.url)
 
 	tx, err := db.BeginTx(ctx, nil)
