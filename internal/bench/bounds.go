@@ -100,7 +100,7 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, $2::i
 }
 
 func findPgbench() (string, error) {
-	p, err := tempserver.LookPath("pgbench", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	p, err := tempserver.PostgresBinary("pgbench")
 	if err != nil {
 		return "", fmt.Errorf("bounds needs pgbench (it comes with PostgreSQL): %w", err)
 	}
@@ -108,7 +108,7 @@ func findPgbench() (string, error) {
 }
 
 func findRedisBenchmark() (string, error) {
-	p, err := tempserver.LookPath("redis-benchmark")
+	p, err := tempserver.RedisBinary("redis-benchmark")
 	if err != nil {
 		return "", fmt.Errorf("bounds needs redis-benchmark (it comes with Redis): %w", err)
 	}
@@ -285,6 +285,8 @@ func oneLine(sql string) string { return strings.Join(strings.Fields(sql), " ") 
 
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 
+var rpsLine = regexp.MustCompile(`([0-9.]+) requests per second`)
+
 func runPgbench(ctx context.Context, bin, url, script string, clients, secs int) (float64, error) {
 	cmd := exec.CommandContext(ctx, bin, "-n", "-M", "prepared", "-f", script,
 		"-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(secs), url)
@@ -335,7 +337,7 @@ func (s *session) redisScriptBound(ctx context.Context, secs int) (float64, erro
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %w\n%s", err, out)
 	}
-	m := regexp.MustCompile(`([0-9.]+) requests per second`).FindSubmatch(out)
+	m := rpsLine.FindSubmatch(out)
 	if m == nil {
 		return 0, fmt.Errorf("redis-benchmark printed no rate\n%s", lastLine(out))
 	}

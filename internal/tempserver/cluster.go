@@ -26,11 +26,11 @@ func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) 
 	if masters < 3 {
 		return nil, fmt.Errorf("tempserver: a cluster needs at least 3 masters, got %d", masters)
 	}
-	bin, err := LookPath("redis-server")
+	bin, err := RedisBinary("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-server: %s", ErrNoServer, InstallHint)
 	}
-	cli, err := LookPath("redis-cli")
+	cli, err := RedisBinary("redis-cli")
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-cli: %s", ErrNoServer, InstallHint)
 	}

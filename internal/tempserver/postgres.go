@@ -42,7 +42,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 300
 	}
-	initdb, err := LookPath("initdb", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	initdb, err := PostgresBinary("initdb")
 	if err == nil {
 		return startLocalPostgres(ctx, filepath.Dir(initdb), opts)
 	}

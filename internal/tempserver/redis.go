@@ -35,7 +35,7 @@ type RedisOptions struct {
 
 // StartRedis starts a server from a local redis-server binary, else in Docker.
 func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
-	bin, err := LookPath("redis-server", "/usr/local/opt/redis/bin", "/opt/homebrew/bin")
+	bin, err := RedisBinary("redis-server")
 	if err != nil {
 		r, derr := startDockerRedis(ctx, opts)
 		if derr == nil {

@@ -43,9 +43,21 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// LookPath finds a binary on PATH, else in the directories the globs match (newest
-// version first), e.g. "/usr/lib/postgresql/*/bin".
-func LookPath(name string, extraGlobs ...string) (string, error) {
+// PostgresBinary finds a program of a PostgreSQL installation (initdb, pgbench):
+// on PATH, else where distributions and Homebrew put it.
+func PostgresBinary(name string) (string, error) {
+	return lookPath(name, "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+}
+
+// RedisBinary finds a program of a Redis installation (redis-server,
+// redis-benchmark): on PATH, else where Homebrew puts it.
+func RedisBinary(name string) (string, error) {
+	return lookPath(name, "/usr/local/opt/redis/bin", "/opt/homebrew/bin")
+}
+
+// lookPath finds a binary on PATH, else in the directories the globs match (newest
+// version first).
+func lookPath(name string, extraGlobs ...string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}

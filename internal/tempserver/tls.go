@@ -144,7 +144,7 @@ type TLSRedis struct {
 // is no Docker fallback). opts.Args are added to its arguments, e.g. "--user",
 // "relay", "on", ">secret", "~dq:*", "+ping", or "--requirepass", "secret".
 func StartTLSRedis(ctx context.Context, opts RedisOptions) (*TLSRedis, error) {
-	bin, err := LookPath("redis-server", "/usr/local/opt/redis/bin", "/opt/homebrew/bin")
+	bin, err := RedisBinary("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w: TLS Redis needs a local redis-server: %s", ErrNoServer, InstallHint)
 	}
@@ -266,7 +266,7 @@ func StartTLSPostgres(ctx context.Context, opts TLSPostgresOptions) (*Postgres, 
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 300
 	}
-	initdb, err := LookPath("initdb", "/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/opt/homebrew/opt/postgresql*/bin")
+	initdb, err := PostgresBinary("initdb")
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: TLS PostgreSQL needs local binaries: %s", ErrNoServer, InstallHint)
 	}
