@@ -12,17 +12,22 @@
 //
 // # Two kinds of handlers
 //
-// A transactional handler (HandleTx) gets a pgx.Tx that the worker began. After the
+// A transactional handler (HandleTx) gets a pgx.Tx of the worker's. After the
 // handler returns nil, the worker runs the completion guard (outbox.MarkDone's) in
 // the same transaction and commits, both in one round trip: the handler's writes
 // and "task done" commit together or not at all (a guard that matches nothing
-// raises an error, which aborts the transaction before the COMMIT). The guard matches only a row that is still pending or
-// queued at the claimed version (pending belongs there: a worker can claim a task
-// before the relay that moved it to Redis has committed, and that relay may roll
-// back). When it matches nothing, someone has finished the task already (a lease
-// that expired under a slow worker, an ack lost after a commit, a relay that ran
-// twice) or it was cancelled: the worker rolls back, counts a suppressed duplicate
-// and acknowledges Redis.
+// raises an error, which aborts the transaction before the COMMIT). BEGIN costs no
+// round trip of its own: it goes to Postgres with the handler's first Exec, Query,
+// QueryRow or SendBatch (with one INSERT, a task takes two round trips in all),
+// and a handler that wrote nothing leaves the guard to commit alone. The handler
+// must not end the transaction: Commit and Rollback return ErrTxOwned and fail the
+// run. The guard matches only a row that is still pending or queued at the claimed
+// version (pending belongs there: a worker can claim a task before the relay that
+// moved it to Redis has committed, and that relay may roll back). When it matches
+// nothing, someone has finished the task already (a lease that expired under a
+// slow worker, an ack lost after a commit, a relay that ran twice) or it was
+// cancelled: the worker rolls back, counts a suppressed duplicate and acknowledges
+// Redis.
 //
 // A plain handler (Handle) is for effects outside Postgres, such as an HTTP call.
 // It runs at least once; the completion is still recorded in the outbox after it

@@ -71,12 +71,16 @@ func (r *run) execute(ctx context.Context) outcome {
 	w, q, t := r.w, r.q, r.t
 	var (
 		conn *pgxpool.Conn
-		tx   pgx.Tx
+		tx   *handlerTx
 		err  error
 	)
 	if q.tx != nil {
-		if conn, tx, err = w.begin(ctx); err == nil {
+		if conn, err = w.pool.Acquire(ctx); err != nil {
+			err = fmt.Errorf("acquire a connection: %w", err)
+		} else {
+			tx = &handlerTx{ctx: ctx, conn: conn.Conn()}
 			err = r.call(func() error { return q.tx(ctx, tx, t) })
+			err = cmp.Or(tx.err, err)
 		}
 	} else {
 		err = r.call(func() error { return q.plain(ctx, t) })
@@ -102,7 +106,7 @@ func (r *run) execute(ctx context.Context) outcome {
 		return r.fail(bctx, err)
 	}
 	if tx != nil {
-		rollback(bctx, tx)
+		tx.end(bctx)
 		conn.Release()
 	}
 	if ctx.Err() != nil { // we cancelled the handler
@@ -115,22 +119,6 @@ func (r *run) execute(ctx context.Context) outcome {
 		}
 	}
 	return r.fail(bctx, err)
-}
-
-// begin starts a transactional handler's transaction on a connection the run
-// holds itself: complete commits it in a batch behind the guard, which a
-// pgxpool.Tx (released only by its own Commit or Rollback) cannot do.
-func (w *Worker) begin(ctx context.Context) (*pgxpool.Conn, pgx.Tx, error) {
-	conn, err := w.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		conn.Release()
-		return nil, nil, fmt.Errorf("begin: %w", err)
-	}
-	return conn, tx, nil
 }
 
 // call runs the handler, turning a panic into an error. The stack goes to the log
@@ -146,28 +134,29 @@ func (r *run) call(h func() error) (err error) {
 	return h()
 }
 
-func rollback(ctx context.Context, tx pgx.Tx) {
-	if tx != nil {
-		_ = tx.Rollback(ctx) // a failed rollback closes the connection; nothing to do
-	}
-}
-
 // complete records a successful transactional run: the guard and the COMMIT go to
 // Postgres in one round trip, so the handler's writes and the completion commit
-// together or not at all, then Redis is acknowledged. It releases conn, and
-// returns an error when nothing may have been committed. (Plain runs go through
-// completePlain.)
-func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx) (outcome, error) {
+// together or not at all, then Redis is acknowledged. (When the handler wrote
+// nothing, the transaction never began and the guard commits on its own.) It
+// releases conn, and returns an error when nothing may have been committed.
+// (Plain runs go through completePlain.)
+func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (outcome, error) {
 	w, t := r.w, r.t
+	begun := tx.begun()
 	b := &pgx.Batch{}
 	b.Queue(w.sqlGuard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
-	b.Queue("COMMIT")
-	br := tx.SendBatch(ctx, b)
+	if begun {
+		b.Queue("COMMIT")
+	}
+	br := conn.SendBatch(ctx, b)
 	_, guardErr := br.Exec()
-	_, commitErr := br.Exec()
+	var commitErr error
+	if begun {
+		_, commitErr = br.Exec()
+	}
 	closeErr := br.Close()
 	if guardErr != nil {
-		rollback(ctx, tx)
+		tx.end(ctx)
 		conn.Release()
 		if !refusedByGuard(guardErr) {
 			return "", fmt.Errorf("record completion: %w", guardErr)

@@ -45,8 +45,9 @@ func (t *Task) IdempotencyKey() string { return t.Queue + "/" + t.ID }
 
 // TxHandler is a transactional handler: it writes its effect through tx, and the
 // worker commits those writes together with the task's completion in the outbox,
-// so the effect is applied exactly once. It must not commit or roll back tx. An
-// error (or a panic) rolls everything back and the task is retried.
+// so the effect is applied exactly once. It must not commit or roll back tx (both
+// return ErrTxOwned and fail the run). An error (or a panic) rolls everything back
+// and the task is retried.
 type TxHandler func(ctx context.Context, tx pgx.Tx, t *Task) error
 
 // Handler is a plain handler for effects outside Postgres. It runs at least once
