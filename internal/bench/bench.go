@@ -87,8 +87,8 @@ func Workloads() []string {
 	for n := range reg {
 		names = append(names, n)
 	}
-	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-plain": 4,
-		"lateness": 5, "memory": 6, "recovery": 7, "idle": 8, "bounds": 9}
+	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
+		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "idle": 9, "bounds": 10}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

@@ -27,11 +27,13 @@ import (
 
 // bounds measures, on the same servers, the ceilings BENCHMARKS.md reads the
 // transactional workloads against: pgbench running enqueue-tx's transaction (8
-// clients) and drain-tx's (32 clients, the guard and COMMIT pipelined), and
-// redis-benchmark running the issue's three-command script (32 clients). The SQL is
-// captured from a real Enqueue and a real worker run, so it is delayq's, whatever it
-// becomes. These are what Postgres and Redis do alone: no delayq process runs
-// meanwhile.
+// clients), drain-tx's (32 clients: the guard alone, as the worker sends it for a
+// handler that wrote nothing) and drain-tx-write's (32 clients: BEGIN with the
+// handler's insert, then the guard with COMMIT, each pair pipelined, as the worker
+// sends them), and redis-benchmark running the issue's three-command script (32
+// clients). The SQL is captured from a real Enqueue and a real worker run, so it is
+// delayq's, whatever it becomes. These are what Postgres and Redis do alone: no
+// delayq process runs meanwhile.
 func bounds(ctx context.Context, s *session, r *Result) error {
 	pgbench, err := findPgbench()
 	if err != nil {
@@ -45,12 +47,16 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	// Rows for the guard to complete, as the relay leaves them. A random row a
+	// Rows for the guard to complete, as the relay leaves them: 1..rows for
+	// drain-tx's script, rows+1..2*rows for drain-tx-write's. A random row a
 	// transaction: rows drawn twice (about 7 % at 12,000 tx/s for 5 s) are done
 	// already and update nothing, so the guard's division by zero (which aborts a
 	// worker's transaction) is left out, or it would end the pgbench client.
 	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, payload, max_attempts, state)
-SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, $2::int) AS g`, payload20, rows); err != nil {
+SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $2::int) AS g`, payload20, rows); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE "+writeTable+" (task_id text NOT NULL)"); err != nil {
 		return err
 	}
 	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {
@@ -67,10 +73,19 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, $2::i
 	if guardNoAbort == guard {
 		return errors.New("bounds: the worker's guard no longer ends in SELECT 1 / count(*)")
 	}
+	// pgbench's connections do not have the session's search_path.
+	qualified := strings.Replace(writeSQL, writeTable, pgx.Identifier{s.schema, writeTable}.Sanitize(), 1)
+	write, err := withLiterals(qualified, []any{"id"}, map[string]string{"id": "('g-' || :id)"})
+	if err != nil {
+		return err
+	}
+	guardNoAbort = oneLine(guardNoAbort)
 	scripts := map[string]string{
 		"enqueue.sql": "\\set id random(1, 1000000000)\nBEGIN;\n" + oneLine(enq) + ";\nCOMMIT;\n",
-		"guard.sql": fmt.Sprintf("\\set id random(1, %d)\nBEGIN;\n\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n",
-			rows, oneLine(guardNoAbort)),
+		"guard.sql":   fmt.Sprintf("\\set id random(1, %d)\n%s;\n", rows, guardNoAbort),
+		"write.sql": fmt.Sprintf("\\set id random(%d, %d)\n"+
+			"\\startpipeline\nBEGIN;\n%s;\n\\endpipeline\n"+
+			"\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n", rows+1, 2*rows, write, guardNoAbort),
 	}
 	for name, body := range scripts {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
@@ -83,6 +98,7 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, $2::i
 	}{
 		{"enqueue_tx_bound", "enqueue.sql", 8},
 		{"drain_tx_bound", "guard.sql", 32},
+		{"drain_tx_write_bound", "write.sql", 32},
 	} {
 		tps, err := runPgbench(ctx, pgbench, s.env.DatabaseURL, filepath.Join(dir, b.script), b.clients, secs)
 		if err != nil {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -214,12 +215,34 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 	return lags, nil
 }
 
+// drainKind is what a drain workload's handler does.
+type drainKind int
+
+const (
+	drainTx      drainKind = iota // transactional, writes nothing
+	drainTxWrite                  // transactional, inserts one row (writeSQL)
+	drainPlain                    // plain, does nothing
+)
+
+// writeSQL is drain-tx-write's handler statement ($1 the task id); bounds runs it
+// too. The table has no index: the insert costs a heap tuple and its WAL.
+const (
+	writeTable = "delayq_bench_effects"
+	writeSQL   = "INSERT INTO " + writeTable + " (task_id) VALUES ($1)"
+)
+
 // drain: tasks due now already in Redis (and queued in the outbox), 32 handler
-// slots, a no-op handler; tasks per second until every one is done.
-func drain(transactional bool) func(ctx context.Context, s *session, r *Result) error {
+// slots; tasks per second until every one is done.
+func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) error {
 	return func(ctx context.Context, s *session, r *Result) error {
 		n := s.n(20_000)
-		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, 32, transactional
+		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, 32, kind != drainPlain
+		if kind == drainTxWrite {
+			if _, err := s.pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+writeTable+" (task_id text NOT NULL)"); err != nil {
+				return err
+			}
+			r.Params["handler"] = writeSQL
+		}
 		if err := s.fill(ctx, n, 0); err != nil {
 			return err
 		}
@@ -243,9 +266,19 @@ func drain(transactional bool) func(ctx context.Context, s *session, r *Result) 
 		}
 		var calls atomic.Int64
 		qc := worker.QueueConfig{Concurrency: 32}
-		if transactional {
+		name := "drain_tx"
+		switch kind {
+		case drainTx:
 			err = w.HandleTx("bench", func(context.Context, pgx.Tx, *worker.Task) error { calls.Add(1); return nil }, qc)
-		} else {
+		case drainTxWrite:
+			name = "drain_tx_write"
+			err = w.HandleTx("bench", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+				calls.Add(1)
+				_, err := tx.Exec(ctx, writeSQL, t.ID)
+				return err
+			}, qc)
+		case drainPlain:
+			name = "drain_plain"
 			err = w.Handle("bench", func(context.Context, *worker.Task) error { calls.Add(1); return nil }, qc)
 		}
 		if err != nil {
@@ -267,14 +300,18 @@ func drain(transactional bool) func(ctx context.Context, s *session, r *Result) 
 		if err != nil {
 			return err
 		}
-		name := "drain_plain"
-		if transactional {
-			name = "drain_tx"
-		}
 		r.add(name, float64(n)/elapsed.Seconds(), "tasks/s")
 		r.Checks = map[string]int64{"handler_calls": calls.Load(), "done_in_outbox": int64(done)}
-		if calls.Load() != int64(n) || done != n {
-			return fmt.Errorf("handler calls %d, done %d, want %d each", calls.Load(), done, n)
+		want := map[string]int64{"handler_calls": int64(n), "done_in_outbox": int64(n)}
+		if kind == drainTxWrite {
+			var rows int64
+			if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+writeTable).Scan(&rows); err != nil {
+				return err
+			}
+			r.Checks["rows_written"], want["rows_written"] = rows, int64(n)
+		}
+		if !maps.Equal(r.Checks, want) {
+			return fmt.Errorf("checks %v, want %v", r.Checks, want)
 		}
 		return nil
 	}
