@@ -18,8 +18,9 @@
 // and "task done" commit together or not at all (a guard that matches nothing
 // raises an error, which aborts the transaction before the COMMIT). BEGIN costs no
 // round trip of its own: it goes to Postgres with the handler's first Exec, Query,
-// QueryRow or SendBatch (with one INSERT, a task takes two round trips in all),
-// and a handler that wrote nothing leaves the guard to commit alone. The handler
+// QueryRow or SendBatch (with one INSERT, a task takes two round trips in all; a
+// pgx tracer sees that first statement in a batch), and a handler that wrote
+// nothing leaves the guard to commit alone. The handler
 // must not end the transaction: Commit and Rollback return ErrTxOwned and fail the
 // run. The guard matches only a row that is still pending or queued at the claimed
 // version (pending belongs there: a worker can claim a task before the relay that
