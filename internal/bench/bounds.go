@@ -56,7 +56,7 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $2::int) AS g`, payload20, rows); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "CREATE TABLE "+writeTable+" (task_id text NOT NULL)"); err != nil {
+	if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
 		return err
 	}
 	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {

@@ -224,10 +224,12 @@ const (
 	drainPlain                    // plain, does nothing
 )
 
-// writeSQL is drain-tx-write's handler statement ($1 the task id); bounds runs it
-// too. The table has no index: the insert costs a heap tuple and its WAL.
+// writeSQL is drain-tx-write's handler statement ($1 the task id) on the table
+// writeDDL makes; bounds runs it too. The table has no index: the insert costs a
+// heap tuple and its WAL.
 const (
 	writeTable = "delayq_bench_effects"
+	writeDDL   = "CREATE TABLE " + writeTable + " (task_id text NOT NULL)"
 	writeSQL   = "INSERT INTO " + writeTable + " (task_id) VALUES ($1)"
 )
 
@@ -238,7 +240,7 @@ func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) erro
 		n := s.n(20_000)
 		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, 32, kind != drainPlain
 		if kind == drainTxWrite {
-			if _, err := s.pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+writeTable+" (task_id text NOT NULL)"); err != nil {
+			if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
 				return err
 			}
 			r.Params["handler"] = writeSQL
