@@ -21,7 +21,8 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	fs := newFlagSet(m, "bench", "bench [flags] [workload ...]",
 		"  delayq bench                       # every workload on throwaway servers (fsync on)\n"+
 			"  delayq bench --json relay memory   # two workloads, one JSON line each\n"+
-			"  delayq bench --scale 0.01          # tiny sizes, as CI runs it\n\nWorkloads:\n"+about.String())
+			"  delayq bench --scale 0.01          # tiny sizes, as CI runs it\n"+
+			"  delayq bench soak                  # 10 minutes of steady load (never part of a full run)\n\nWorkloads:\n"+about.String())
 	conn.register(fs, m, true, true)
 	asJSON := fs.Bool("json", false, "print one JSON line per workload")
 	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
@@ -34,7 +35,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	}
 	names := fs.Args()
 	if len(names) == 0 {
-		names = bench.Workloads()
+		names = bench.FullRun()
 	}
 	for _, n := range names {
 		if bench.About(n) == "" {
@@ -64,7 +65,11 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self}
+	logger, err := newLogger(m, "text", "info") // soak's samples
+	if err != nil {
+		return err
+	}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, Logger: logger}
 	var failed []string
 	for _, name := range names {
 		res, err := bench.Run(ctx, env, name)

@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -88,9 +89,15 @@ func Workloads() []string {
 		names = append(names, n)
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
-		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "idle": 9, "bounds": 10}
+		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "idle": 9, "bounds": 10, "soak": 11}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
+}
+
+// FullRun lists the workloads `delayq bench` runs when none is named: all but soak,
+// which takes ten minutes and runs only by name.
+func FullRun() []string {
+	return slices.DeleteFunc(Workloads(), func(n string) bool { return n == "soak" })
 }
 
 // About describes a workload in one line.

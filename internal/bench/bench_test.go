@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/delayq/delayq/internal/testenv"
@@ -53,5 +54,17 @@ func TestWorkloads(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Env{}, "no-such-workload"); err == nil {
 		t.Fatal("unknown workload accepted")
+	}
+}
+
+// A full run is every workload but soak, which runs only by name; bounds comes last.
+func TestFullRun(t *testing.T) {
+	t.Parallel()
+	all, full := Workloads(), FullRun()
+	if !slices.Contains(all, "soak") || slices.Contains(full, "soak") || len(full) != len(all)-1 {
+		t.Errorf("Workloads() = %v, FullRun() = %v: want soak in the first only", all, full)
+	}
+	if full[0] != "enqueue-tx" || full[len(full)-1] != "bounds" {
+		t.Errorf("FullRun() = %v: want enqueue-tx first, bounds last", full)
 	}
 }

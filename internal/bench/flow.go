@@ -328,19 +328,9 @@ func lateness(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	var (
-		mu    sync.Mutex
-		lates []time.Duration
-		early atomic.Int64
-	)
+	var st starts
 	err = w.Handle("bench", func(_ context.Context, t *worker.Task) error {
-		late := time.Since(t.Due)
-		if t.ClaimedAt.Before(t.Due) || late < 0 {
-			early.Add(1)
-		}
-		mu.Lock()
-		lates = append(lates, late)
-		mu.Unlock()
+		st.record(t)
 		return nil
 	}, worker.QueueConfig{Concurrency: 32})
 	if err != nil {
@@ -369,19 +359,44 @@ func lateness(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	slices.Sort(lates)
+	lates, early := st.sorted()
 	r.add("lateness_p50", ms(percentileD(lates, 50)), "ms")
 	r.add("lateness_p95", ms(percentileD(lates, 95)), "ms")
 	r.add("lateness_p99", ms(percentileD(lates, 99)), "ms")
 	r.add("lateness_max", ms(percentileD(lates, 100)), "ms")
-	r.add("started_early", float64(early.Load()), "tasks")
-	r.Checks = map[string]int64{"ran": int64(len(lates)), "early": early.Load()}
-	if len(lates) != n || early.Load() != 0 {
-		return fmt.Errorf("ran %d of %d, %d early", len(lates), n, early.Load())
+	r.add("started_early", float64(early), "tasks")
+	r.Checks = map[string]int64{"ran": int64(len(lates)), "early": early}
+	if len(lates) != n || early != 0 {
+		return fmt.Errorf("ran %d of %d, %d early", len(lates), n, early)
 	}
 	return nil
+}
+
+// starts records how late handlers start: handler start − due time.
+type starts struct {
+	mu    sync.Mutex
+	lates []time.Duration
+	early int64 // claimed before the due time, or started before it
+}
+
+// record is called first thing in a handler.
+func (s *starts) record(t *worker.Task) {
+	late := time.Since(t.Due)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.ClaimedAt.Before(t.Due) || late < 0 {
+		s.early++
+	}
+	s.lates = append(s.lates, late)
+}
+
+// sorted returns the lateness of every start recorded, ascending, and how many
+// were early.
+func (s *starts) sorted() ([]time.Duration, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slices.Sort(s.lates)
+	return s.lates, s.early
 }
 
 // idle: Redis commands per second from one idle worker and one idle relay, read
