@@ -31,7 +31,8 @@ type soakSample struct {
 
 // soak runs the whole path under a steady load for a while, to show what a short
 // workload cannot: whether anything grows with time. Producers commit tasks at a
-// steady rate, each in its own transaction, due 0–2 s later; a relay prunes
+// steady rate, each in its own transaction, due 0.1–2.1 s later (later than the
+// relay's lag, so that lateness measures the worker); a relay prunes
 // finished rows after 5 s; a worker with 32 slots runs a transactional handler that
 // inserts an effect row and fails the first attempt of one task in 20 (retried
 // after 100 ms–1 s). Every interval a sample (Redis used_memory, the outbox's size
@@ -131,7 +132,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 			}
 			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 				_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "soak", ID: fmt.Sprintf("soak-%d", i),
-					Payload: payload20, Delay: time.Duration(i%2000) * time.Millisecond})
+					Payload: payload20, Delay: time.Duration(100+i%2000) * time.Millisecond})
 				return err
 			})
 			if err != nil {
