@@ -70,6 +70,7 @@ type system struct {
 	redisURL, directURL string
 	prefix              string
 	queues              []string
+	doneRetention       time.Duration  // delayq.Config.DoneRetention of every component (0: the default)
 	admin               *pgxpool.Pool  // producer and checker
 	rdb                 *redis.Client  // on directURL
 	dq                  *delayq.Client // on rdb
@@ -99,7 +100,7 @@ func newSystem(t *testing.T, scenario, pgURL, redisURL string) *system {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.rdb.Close() })
-	if s.dq, err = newDelayq(s.rdb, s.prefix); err != nil {
+	if s.dq, err = newDelayq(s.rdb, s.prefix, 0); err != nil {
 		t.Fatal(err)
 	}
 	if s.ob, err = outbox.New(outbox.Config{}); err != nil {
@@ -134,7 +135,7 @@ func (s *system) delayqClient(t testing.TB, rawURL string, hooks ...redis.Hook) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rdb.Close() })
-	dq, err := newDelayq(rdb, s.prefix)
+	dq, err := newDelayq(rdb, s.prefix, s.doneRetention)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,10 +158,10 @@ func newRedis(rawURL string, hooks ...redis.Hook) (*redis.Client, error) {
 
 // newDelayq is the delayq client every component uses: reaped tasks run again
 // within 100ms, and a waiting worker looks again at least every 5s.
-func newDelayq(rdb redis.UniversalClient, prefix string) (*delayq.Client, error) {
+func newDelayq(rdb redis.UniversalClient, prefix string, doneRetention time.Duration) (*delayq.Client, error) {
 	return delayq.New(rdb, delayq.Config{
 		Prefix: prefix, ReapBackoffBase: 20 * time.Millisecond, ReapBackoffMax: 100 * time.Millisecond,
-		MaxWait: 5 * time.Second,
+		MaxWait: 5 * time.Second, DoneRetention: doneRetention,
 	})
 }
 

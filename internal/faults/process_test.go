@@ -2,6 +2,7 @@ package faults
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -35,6 +36,9 @@ const (
 	envPrefix = "DELAYQ_FAULTS_PREFIX"
 	envName   = "DELAYQ_FAULTS_NAME"
 	envQueues = "DELAYQ_FAULTS_QUEUES"
+	// envDoneRetention is delayq.Config.DoneRetention (time.Duration's String;
+	// empty: the default).
+	envDoneRetention = "DELAYQ_FAULTS_DONE_RETENTION"
 	// envDie makes a relay kill itself with SIGKILL at a point of its Nth round:
 	// "redis:N" right after the Redis write of the round returned, "commit:N" as
 	// the round's COMMIT is about to be sent. Both are between the Redis write and
@@ -79,7 +83,11 @@ func workerProcess(ctx context.Context, name string, log *slog.Logger) error {
 		return err
 	}
 	defer rdb.Close()
-	dq, err := newDelayq(rdb, os.Getenv(envPrefix))
+	doneRetention, err := time.ParseDuration(cmp.Or(os.Getenv(envDoneRetention), "0s"))
+	if err != nil {
+		return err
+	}
+	dq, err := newDelayq(rdb, os.Getenv(envPrefix), doneRetention)
 	if err != nil {
 		return err
 	}
@@ -131,7 +139,11 @@ func relayProcess(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer rdb.Close()
-	dq, err := newDelayq(rdb, os.Getenv(envPrefix))
+	doneRetention, err := time.ParseDuration(cmp.Or(os.Getenv(envDoneRetention), "0s"))
+	if err != nil {
+		return err
+	}
+	dq, err := newDelayq(rdb, os.Getenv(envPrefix), doneRetention)
 	if err != nil {
 		return err
 	}
@@ -196,7 +208,8 @@ func (s *system) spawn(role, name, dieAt string) (*child, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envRole+"="+role, envName+"="+name, envPG+"="+s.pgURL, envRedis+"="+s.redisURL,
-		envPrefix+"="+s.prefix, envQueues+"="+strings.Join(s.queues, ","), envDie+"="+dieAt)
+		envPrefix+"="+s.prefix, envQueues+"="+strings.Join(s.queues, ","), envDie+"="+dieAt,
+		envDoneRetention+"="+s.doneRetention.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c := &child{name: name, cmd: cmd, done: make(chan struct{}), logPath: filepath.Join(s.logDir, name+".log")}
 	logf, err := os.Create(c.logPath)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/faultproxy"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/relay/reconcile"
@@ -49,9 +50,26 @@ func TestWorkerKill(t *testing.T) {
 // COMMIT is about to go), and relays SIGKILLed at random; workers run in this
 // process. The rows of a dead round stay pending and are moved again (Redis
 // reports duplicates); a task a worker ran meanwhile is done and stays done.
+//
+// Also without Redis's dedupe record of finished tasks (DoneRetention -1: a task's
+// hash is deleted at completion): the outbox alone keeps a finished task from
+// being moved again, because the relay moves only pending rows, under their lock.
 func TestRelayKill(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t, "relay-kill", testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
+	for _, sc := range []struct {
+		name          string
+		doneRetention time.Duration
+	}{{"relay-kill", 0}, {"relay-kill-no-done-record", -1}} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			relayKill(t, sc.name, sc.doneRetention)
+		})
+	}
+}
+
+func relayKill(t *testing.T, scenario string, doneRetention time.Duration) {
+	s := newSystem(t, scenario, testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
+	s.doneRetention = doneRetention
 	ctx := s.ctx()
 	relays := s.startFleet("relay", 2,
 		"redis:1", "commit:1", "redis:2", "commit:1", "redis:1", "commit:2")
@@ -75,6 +93,19 @@ func TestRelayKill(t *testing.T) {
 	}
 	if n := relays.kills.Load(); n < kills {
 		t.Errorf("%d relays SIGKILLed at random, want %d", n, kills)
+	}
+	// The workers applied doneRetention: a finished task's hash is kept (done) or
+	// gone (missing).
+	want := delayq.StateDone
+	if doneRetention < 0 {
+		want = delayq.StateMissing
+	}
+	var q, id string
+	if err := s.admin.QueryRow(ctx, `SELECT queue, task_id FROM delayq_outbox WHERE state = 'done' LIMIT 1`).Scan(&q, &id); err != nil {
+		t.Fatalf("a done row: %v", err)
+	}
+	if ti, err := s.dq.Inspect(ctx, q, id); err != nil || ti[0].State != want {
+		t.Errorf("finished task %s/%s in Redis: %v, %v; want %s", q, id, ti, err, want)
 	}
 }
 
