@@ -224,7 +224,7 @@ func testHandlerTx(t *testing.T, execMode string) {
 			}
 			return sp.Commit(ctx)
 		},
-		trips: []string{"BEGIN INSERT", "SAVEPOINT", "SAVEPOINT", "INSERT", "ROLLBACK", "SAVEPOINT", "INSERT", "RELEASE", "WITH COMMIT"},
+		trips:   []string{"BEGIN INSERT", "SAVEPOINT", "SAVEPOINT", "INSERT", "ROLLBACK", "SAVEPOINT", "INSERT", "RELEASE", "WITH COMMIT"},
 		effects: 2,
 	}, {
 		name: "savepoint first",
