@@ -32,10 +32,10 @@ type soakSample struct {
 // soak runs the whole path under a steady load for a while, to show what a short
 // workload cannot: whether anything grows with time. Producers commit tasks at a
 // steady rate, each in its own transaction, due 0.1–2.1 s later (later than the
-// relay's lag, so that lateness measures the worker); a relay prunes
-// finished rows after 5 s; a worker with 32 slots runs a transactional handler that
-// inserts an effect row and fails the first attempt of one task in 20 (retried
-// after 100 ms–1 s). Every interval a sample (Redis used_memory, the outbox's size
+// relay's lag, so that lateness measures the worker); a relay prunes finished rows
+// after 5 s; a worker with 32 slots runs a transactional handler that inserts an
+// effect row and fails the first attempt of one task in 20 (retried after 50–100
+// ms, the backoff's first step with its jitter). Every interval a sample (Redis used_memory, the outbox's size
 // and dead tuples, the Go heap, goroutines) goes to the log. At the end the
 // backlog drains and every task must have exactly one effect row, none started
 // early and none be left unfinished. Full size: 10 minutes at 500 tasks/s.
