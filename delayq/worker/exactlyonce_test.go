@@ -274,26 +274,48 @@ func TestRelayRollsBackAfterWorkerClaimed(t *testing.T) {
 // A cancelled task that is still in Redis runs, but its effect is rolled back.
 func TestCancelledTaskSuppressed(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.enqueue(t, task("c", "x"))
-	if err := b.ob.Cancel(context.Background(), b.pool, "c", "x"); err != nil {
-		t.Fatal(err)
-	}
-	h := b.start(t, Config{}, func(w *Worker) {
-		_ = w.HandleTx("c", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
-			return insertEffect(ctx, tx, tk, "")
-		}, QueueConfig{})
+	forWrites(t, func(t *testing.T, writes bool) {
+		b := setup(t)
+		b.enqueue(t, task("c", "x"))
+		if err := b.ob.Cancel(context.Background(), b.pool, "c", "x"); err != nil {
+			t.Fatal(err)
+		}
+		h := b.start(t, Config{}, func(w *Worker) {
+			_ = w.HandleTx("c", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+				return maybeInsertEffect(ctx, tx, tk, "", writes)
+			}, QueueConfig{})
+		})
+		h.expect(t, "x", outSuppressed)
+		if n := b.count(t, `SELECT count(*) FROM effects`); n != 0 {
+			t.Errorf("%d effects of a cancelled task", n)
+		}
+		if r := b.row(t, "c", "x"); r.state != "cancelled" {
+			t.Errorf("outbox state %s", r.state)
+		}
+		if ti := b.info(t, "c", "x"); ti.State != delayq.StateDone {
+			t.Errorf("Redis state %s, want done (acknowledged)", ti.State)
+		}
 	})
-	h.expect(t, "x", outSuppressed)
-	if n := b.count(t, `SELECT count(*) FROM effects`); n != 0 {
-		t.Errorf("%d effects of a cancelled task", n)
+}
+
+// forWrites runs f as two parallel subtests: a transactional handler that writes
+// (its guard goes with the COMMIT) and one that writes nothing (its guard commits
+// alone).
+func forWrites(t *testing.T, f func(t *testing.T, writes bool)) {
+	for _, writes := range []bool{true, false} {
+		t.Run(map[bool]string{true: "writes", false: "writes nothing"}[writes], func(t *testing.T) {
+			t.Parallel()
+			f(t, writes)
+		})
 	}
-	if r := b.row(t, "c", "x"); r.state != "cancelled" {
-		t.Errorf("outbox state %s", r.state)
+}
+
+// maybeInsertEffect inserts the effect row when writes is set.
+func maybeInsertEffect(ctx context.Context, tx pgx.Tx, tk *Task, worker string, writes bool) error {
+	if !writes {
+		return nil
 	}
-	if ti := b.info(t, "c", "x"); ti.State != delayq.StateDone {
-		t.Errorf("Redis state %s, want done (acknowledged)", ti.State)
-	}
+	return insertEffect(ctx, tx, tk, worker)
 }
 
 // A task rescheduled while a worker runs the old version: the old run cannot
@@ -301,39 +323,48 @@ func TestCancelledTaskSuppressed(t *testing.T) {
 // and runs.
 func TestRescheduledWhileRunningStaleCopyGivenBack(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ctx := ctxT(t, time.Minute)
-	b.enqueue(t, task("rs", "x"))
-	entered, proceed := make(chan struct{}), make(chan struct{})
-	h := b.start(t, Config{}, func(w *Worker) {
-		_ = w.HandleTx("rs", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
-			if tk.Version == 1 {
-				close(entered)
-				<-proceed
-			}
-			return insertEffect(ctx, tx, tk, fmt.Sprint(tk.Version))
-		}, QueueConfig{Backoff: Backoff{Base: time.Hour}})
+	forWrites(t, func(t *testing.T, writes bool) {
+		b := setup(t)
+		ctx := ctxT(t, time.Minute)
+		b.enqueue(t, task("rs", "x"))
+		entered, proceed := make(chan struct{}), make(chan struct{})
+		h := b.start(t, Config{}, func(w *Worker) {
+			_ = w.HandleTx("rs", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+				if tk.Version == 1 {
+					close(entered)
+					<-proceed
+				}
+				return maybeInsertEffect(ctx, tx, tk, fmt.Sprint(tk.Version), writes)
+			}, QueueConfig{Backoff: Backoff{Base: time.Hour}})
+		})
+		<-entered
+		runAt := time.Now().Add(-time.Second)
+		if err := b.ob.Reschedule(ctx, b.pool, "rs", "x", runAt); err != nil {
+			t.Fatal(err)
+		}
+		close(proceed)
+		h.expect(t, "x", outStale)
+		if ti := b.info(t, "rs", "x"); ti.State != delayq.StateReady || ti.Version != 1 {
+			t.Fatalf("stale copy: %+v, want ready at version 1", ti)
+		}
+		if r := b.row(t, "rs", "x"); r.state == "done" {
+			t.Fatalf("the stale run completed the rescheduled row")
+		}
+		// The relay moves version 2: it replaces the stale copy.
+		st, err := b.dq.Enqueue(ctx, "rs", delayq.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 2})
+		if err != nil || st[0] != delayq.Replaced {
+			t.Fatalf("enqueue version 2: %v %v", st, err)
+		}
+		f := h.expect(t, "x", outSucceeded)
+		if f.task.Version != 2 {
+			t.Errorf("ran version %d", f.task.Version)
+		}
+		if r := b.row(t, "rs", "x"); r.state != "done" {
+			t.Errorf("outbox state %s after version 2 ran, want done", r.state)
+		}
+		want := map[bool]int{true: 1, false: 0}[writes]
+		if n := b.count(t, `SELECT count(*) FROM effects WHERE worker = '2'`); n != want || b.count(t, `SELECT count(*) FROM effects`) != want {
+			t.Errorf("effects: want %d, of version 2", want)
+		}
 	})
-	<-entered
-	runAt := time.Now().Add(-time.Second)
-	if err := b.ob.Reschedule(ctx, b.pool, "rs", "x", runAt); err != nil {
-		t.Fatal(err)
-	}
-	close(proceed)
-	h.expect(t, "x", outStale)
-	if ti := b.info(t, "rs", "x"); ti.State != delayq.StateReady || ti.Version != 1 {
-		t.Fatalf("stale copy: %+v, want ready at version 1", ti)
-	}
-	// The relay moves version 2: it replaces the stale copy.
-	st, err := b.dq.Enqueue(ctx, "rs", delayq.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 2})
-	if err != nil || st[0] != delayq.Replaced {
-		t.Fatalf("enqueue version 2: %v %v", st, err)
-	}
-	f := h.expect(t, "x", outSucceeded)
-	if f.task.Version != 2 {
-		t.Errorf("ran version %d", f.task.Version)
-	}
-	if n := b.count(t, `SELECT count(*) FROM effects WHERE worker = '2'`); n != 1 || b.count(t, `SELECT count(*) FROM effects`) != 1 {
-		t.Errorf("effects: want exactly one, of version 2")
-	}
 }

@@ -137,12 +137,15 @@ func (r *run) call(h func() error) (err error) {
 // complete records a successful transactional run: the guard and the COMMIT go to
 // Postgres in one round trip, so the handler's writes and the completion commit
 // together or not at all, then Redis is acknowledged. (When the handler wrote
-// nothing, the transaction never began and the guard commits on its own.) It
-// releases conn, and returns an error when nothing may have been committed.
+// nothing, the transaction never began: completeAlone.) It releases conn, and
+// returns an error when nothing may have been committed.
 // (Plain runs go through completePlain.)
 func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (outcome, error) {
 	w, t := r.w, r.t
 	begun := tx.begun()
+	if !begun {
+		return r.completeAlone(ctx, conn)
+	}
 	b := &pgx.Batch{}
 	b.Queue(w.sqlGuard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
 	if begun {
@@ -172,6 +175,26 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 	conn.Release()
 	if err := cmp.Or(commitErr, closeErr); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
+	}
+	return r.succeeded(ctx), nil
+}
+
+// completeAlone records a successful run whose handler wrote nothing: the guard
+// commits on its own, as a plain UPDATE (nothing is queued behind it that its
+// failure would have to abort). It releases conn.
+func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, error) {
+	w, t := r.w, r.t
+	tag, err := conn.Exec(ctx, w.sqlGuardAlone, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
+	conn.Release()
+	if err != nil {
+		return "", fmt.Errorf("record completion: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		st, err := w.rowState(ctx, w.pool, t)
+		if err != nil {
+			return "", fmt.Errorf("record completion: %w", err)
+		}
+		return r.refused(ctx, st), nil
 	}
 	return r.succeeded(ctx), nil
 }

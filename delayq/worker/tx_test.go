@@ -109,7 +109,7 @@ func testHandlerTx(t *testing.T, execMode string) {
 	}{{
 		name:   "nothing written",
 		handle: func(context.Context, pgx.Tx, *Task) error { return nil },
-		trips:  []string{"WITH"},
+		trips:  []string{"UPDATE"},
 	}, {
 		name: "exec",
 		handle: func(ctx context.Context, tx pgx.Tx, tk *Task) error {

@@ -64,7 +64,7 @@ type Worker struct {
 	cfg  Config
 	log  *slog.Logger
 
-	sqlState, sqlClearPayload, sqlGuard string
+	sqlState, sqlClearPayload, sqlGuard, sqlGuardAlone string
 
 	stats   counters
 	metrics *metrics
@@ -129,6 +129,7 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (
 		sqlState:        fmt.Sprintf(sqlState, ob.Table()),
 		sqlClearPayload: fmt.Sprintf(sqlClearPayload, ob.Table()),
 		sqlGuard:        fmt.Sprintf(sqlGuard, ob.Table(), ob.Config().ClearPayloadOnDone),
+		sqlGuardAlone:   fmt.Sprintf(sqlGuardAlone, ob.Table(), ob.Config().ClearPayloadOnDone),
 		metrics:         m,
 		queues:          make(map[string]*queue),
 	}, nil
@@ -142,14 +143,17 @@ const (
 	// with the COMMIT. When it matches no row (a finished task, another version)
 	// it divides by zero: the error aborts the transaction, so the COMMIT queued
 	// behind it cannot commit the handler's writes.
-	sqlGuard = `WITH done AS (
-	UPDATE %[1]s
-	SET state = 'done', done_at = statement_timestamp(),
-	    payload = CASE WHEN $4::boolean OR %[2]t THEN ''::bytea ELSE payload END
-	WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
+	sqlGuard = `WITH done AS (` + sqlGuardAlone + `
 	RETURNING 1
 )
 SELECT 1 / count(*) FROM done`
+	// The guard alone, for a run whose handler wrote nothing: it commits on its own,
+	// and the worker reads the refusal from the count of updated rows.
+	sqlGuardAlone = `
+	UPDATE %[1]s
+	SET state = 'done', done_at = statement_timestamp(),
+	    payload = CASE WHEN $4::boolean OR %[2]t THEN ''::bytea ELSE payload END
+	WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`
 
 	// $1 queue, $2 task_id. Why the guard refused: the row's state and version now.
 	sqlState = `SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`

@@ -43,20 +43,21 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 	rows := s.n(400_000)
 	r.Params["seconds_each"], r.Params["guard_rows"] = secs, rows
 
-	enq, guard, err := s.captureSQL(ctx)
+	if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
+		return err
+	}
+	enq, guardAlone, guardWrite, err := s.captureSQL(ctx)
 	if err != nil {
 		return err
 	}
 	// Rows for the guard to complete, as the relay leaves them: 1..rows for
 	// drain-tx's script, rows+1..2*rows for drain-tx-write's. A random row a
 	// transaction: rows drawn twice (about 7 % at 12,000 tx/s for 5 s) are done
-	// already and update nothing, so the guard's division by zero (which aborts a
-	// worker's transaction) is left out, or it would end the pgbench client.
+	// already and update nothing, so the guard's division by zero in a writing
+	// run's transaction (which aborts the worker's transaction) is left out, or it
+	// would end the pgbench client.
 	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, payload, max_attempts, state)
 SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $2::int) AS g`, payload20, rows); err != nil {
-		return err
-	}
-	if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
 		return err
 	}
 	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {
@@ -69,9 +70,9 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $
 		return err
 	}
 	defer os.RemoveAll(dir)
-	guardNoAbort := strings.Replace(guard, "SELECT 1 / count(*)", "SELECT count(*)", 1)
-	if guardNoAbort == guard {
-		return errors.New("bounds: the worker's guard no longer ends in SELECT 1 / count(*)")
+	guardNoAbort := strings.Replace(guardWrite, "SELECT 1 / count(*)", "SELECT count(*)", 1)
+	if guardNoAbort == guardWrite {
+		return errors.New("bounds: the worker's guard of a writing run no longer ends in SELECT 1 / count(*)")
 	}
 	// pgbench's connections do not have the session's search_path.
 	qualified := strings.Replace(writeSQL, writeTable, pgx.Identifier{s.schema, writeTable}.Sanitize(), 1)
@@ -82,7 +83,7 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $
 	guardNoAbort = oneLine(guardNoAbort)
 	scripts := map[string]string{
 		"enqueue.sql": "\\set id random(1, 1000000000)\nBEGIN;\n" + oneLine(enq) + ";\nCOMMIT;\n",
-		"guard.sql":   fmt.Sprintf("\\set id random(1, %d)\n%s;\n", rows, guardNoAbort),
+		"guard.sql":   fmt.Sprintf("\\set id random(1, %d)\n%s;\n", rows, oneLine(guardAlone)),
 		"write.sql": fmt.Sprintf("\\set id random(%d, %d)\n"+
 			"\\startpipeline\nBEGIN;\n%s;\n\\endpipeline\n"+
 			"\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n", rows+1, 2*rows, write, guardNoAbort),
@@ -131,69 +132,81 @@ func findRedisBenchmark() (string, error) {
 	return p, nil
 }
 
-// captureSQL runs one real Enqueue in a transaction and one real transactional
-// worker run, on a pool that records the SQL it sends, and returns the enqueue
-// statement and the completion guard with their arguments written in as
-// literals, the task ids as pgbench expressions.
-func (s *session) captureSQL(ctx context.Context) (enqueue, guard string, err error) {
+// captureSQL runs one real Enqueue in a transaction and two real transactional
+// worker runs, one whose handler writes nothing and one that inserts into the
+// write table, on a pool that records the SQL it sends. It returns the enqueue
+// statement and the two runs' completion guards with their arguments written in
+// as literals, the task ids as pgbench expressions.
+func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWrite string, err error) {
 	rec := &sqlRecorder{}
 	cfg := s.pool.Config()
 	cfg.ConnConfig.Tracer = rec
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	defer pool.Close()
 
-	const enqID, guardID = "bound-enqueue-capture", "bound-guard-capture"
+	const enqID, aloneID, writeID = "bound-enqueue-capture", "bound-guard-capture", "bound-write-capture"
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bound", ID: enqID, Payload: payload20, Delay: time.Hour})
 		return err
 	}); err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
-	if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: "bound", ID: guardID, Payload: payload20}); err != nil {
-		return "", "", err
-	}
-	if _, err := s.dq.Enqueue(ctx, "bound", delayq.Task{ID: guardID, Payload: payload20, Version: 1}); err != nil {
-		return "", "", err
+	for _, id := range []string{aloneID, writeID} {
+		if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: "bound", ID: id, Payload: payload20}); err != nil {
+			return "", "", "", err
+		}
+		if _, err := s.dq.Enqueue(ctx, "bound", delayq.Task{ID: id, Payload: payload20, Version: 1}); err != nil {
+			return "", "", "", err
+		}
 	}
 	w, err := worker.New(pool, s.dq, s.ob, worker.Config{})
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
-	if err := w.HandleTx("bound", func(context.Context, pgx.Tx, *worker.Task) error { return nil }, worker.QueueConfig{}); err != nil {
-		return "", "", err
+	if err := w.HandleTx("bound", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+		if t.ID != writeID {
+			return nil
+		}
+		_, err := tx.Exec(ctx, writeSQL, t.ID)
+		return err
+	}, worker.QueueConfig{}); err != nil {
+		return "", "", "", err
 	}
 	stop := s.background(ctx, w.Run)
-	err = waitFor(ctx, time.Minute, "the captured run", func() (bool, error) { return w.Stats().Succeeded == 1, nil })
+	err = waitFor(ctx, time.Minute, "the captured run", func() (bool, error) { return w.Stats().Succeeded == 2, nil })
 	if serr := stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 
 	ids := map[string]string{
 		enqID:   "('e-' || :client_id || '-' || :id)",
-		guardID: "('g-' || :id)",
+		aloneID: "('g-' || :id)",
+		writeID: "('g-' || :id)",
 	}
 	for _, q := range rec.queries() {
 		switch {
 		case strings.Contains(q.sql, "INSERT INTO") && containsArg(q.args, enqID):
 			enqueue, err = withLiterals(q.sql, q.args, ids)
-		case strings.Contains(q.sql, "'done'") && containsArg(q.args, guardID):
-			guard, err = withLiterals(q.sql, q.args, ids)
+		case strings.Contains(q.sql, "'done'") && containsArg(q.args, aloneID):
+			guardAlone, err = withLiterals(q.sql, q.args, ids)
+		case strings.Contains(q.sql, "'done'") && containsArg(q.args, writeID):
+			guardWrite, err = withLiterals(q.sql, q.args, ids)
 		}
 		if err != nil {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
-	if enqueue == "" || guard == "" {
-		return "", "", errors.New("bounds: did not see the enqueue statement and the worker's guard")
+	if enqueue == "" || guardAlone == "" || guardWrite == "" {
+		return "", "", "", errors.New("bounds: did not see the enqueue statement and the worker's two guards")
 	}
-	return enqueue, guard, nil
+	return enqueue, guardAlone, guardWrite, nil
 }
 
 // sqlRecorder is a pgx tracer that keeps every statement and its arguments.
