@@ -252,16 +252,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { close(w.acks); <-acked }()
 	defer func() { close(w.completions); <-recorded }()
 
-	var loops, runs sync.WaitGroup
+	var loops sync.WaitGroup
+	runs := newRunners(runnerIdle)
 	for _, q := range queues {
-		loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, &runs) })
+		loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, runs) })
 	}
 	w.log.Info("worker: started", "queues", len(queues), "lease", w.cfg.Lease)
 	<-ctx.Done()
-	loops.Wait() // no claim after this; every runs.Add has happened
+	loops.Wait() // no claim after this: no more runs
+	runs.stop()
 
 	done := make(chan struct{})
-	go func() { runs.Wait(); close(done) }()
+	go func() { runs.wait(); close(done) }()
 	if inFlight := w.stats.inFlight.Load(); inFlight > 0 {
 		w.log.Info("worker: shutting down", "in_flight", inFlight, "timeout", w.cfg.ShutdownTimeout)
 	}
@@ -280,7 +282,7 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // claimLoop claims the tasks of q while ctx lasts and starts a run for each.
-func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *queue, runs *sync.WaitGroup) {
+func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *queue, runs *runners) {
 	// A token in slots is a running handler (or a slot reserved for a claim).
 	slots := make(chan struct{}, q.cfg.Concurrency)
 	free := func(n int) {
