@@ -118,11 +118,7 @@ func (r *run) completePlain(ctx context.Context) (outcome, error) {
 		return "", res.err
 	}
 	if !res.applied {
-		st, err := w.rowState(ctx, w.pool, t)
-		if err != nil {
-			return "", fmt.Errorf("record completion: %w", err)
-		}
-		return r.refused(ctx, st), nil
+		return r.refusedByState(ctx)
 	}
 	return r.succeeded(ctx), nil
 }

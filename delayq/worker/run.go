@@ -142,21 +142,15 @@ func (r *run) call(h func() error) (err error) {
 // (Plain runs go through completePlain.)
 func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (outcome, error) {
 	w, t := r.w, r.t
-	begun := tx.begun()
-	if !begun {
+	if !tx.begun() {
 		return r.completeAlone(ctx, conn)
 	}
 	b := &pgx.Batch{}
 	b.Queue(w.sqlGuard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
-	if begun {
-		b.Queue("COMMIT")
-	}
+	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, guardErr := br.Exec()
-	var commitErr error
-	if begun {
-		_, commitErr = br.Exec()
-	}
+	_, commitErr := br.Exec()
 	closeErr := br.Close()
 	if guardErr != nil {
 		tx.end(ctx)
@@ -164,11 +158,7 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 		if !refusedByGuard(guardErr) {
 			return "", fmt.Errorf("record completion: %w", guardErr)
 		}
-		st, err := w.rowState(ctx, w.pool, t)
-		if err != nil {
-			return "", fmt.Errorf("record completion: %w", err)
-		}
-		return r.refused(ctx, st), nil
+		return r.refusedByState(ctx)
 	}
 	// A COMMIT that failed ended the transaction too; the pool closes a
 	// connection left in any other state.
@@ -190,13 +180,18 @@ func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, e
 		return "", fmt.Errorf("record completion: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		st, err := w.rowState(ctx, w.pool, t)
-		if err != nil {
-			return "", fmt.Errorf("record completion: %w", err)
-		}
-		return r.refused(ctx, st), nil
+		return r.refusedByState(ctx)
 	}
 	return r.succeeded(ctx), nil
+}
+
+// refusedByState settles a run whose guard matched no row, by the row's state now.
+func (r *run) refusedByState(ctx context.Context) (outcome, error) {
+	st, err := r.w.rowState(ctx, r.w.pool, r.t)
+	if err != nil {
+		return "", fmt.Errorf("record completion: %w", err)
+	}
+	return r.refused(ctx, st), nil
 }
 
 // refusedByGuard tells the guard's division by zero (sqlGuard) from other errors.
