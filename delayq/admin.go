@@ -58,11 +58,11 @@ const (
 // adminScript loads an admin script. The admin calls are rare (reconcile, check),
 // so the script is built per call rather than kept in Client.
 func adminScript(name string) (*redis.Script, error) {
-	src, err := luaFS.ReadFile("lua/" + name + ".lua")
+	src, err := scriptSource(name)
 	if err != nil {
-		return nil, fmt.Errorf("delayq: script %s: %w", name, err)
+		return nil, err
 	}
-	return redis.NewScript(string(src)), nil
+	return redis.NewScript(src), nil
 }
 
 // Probe reads up to 1000 tasks of queue in one atomic step, in the order of ids, with

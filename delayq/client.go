@@ -45,13 +45,27 @@ func loadScripts() (scripts, error) {
 		{"release", &s.release}, {"reap", &s.reap}, {"requeue_dead", &s.requeueDead},
 		{"remove", &s.remove}, {"stats", &s.stats}, {"inspect", &s.inspect},
 	} {
-		src, err := luaFS.ReadFile("lua/" + x.name + ".lua")
+		src, err := scriptSource(x.name)
 		if err != nil {
-			return scripts{}, fmt.Errorf("delayq: script %s: %w", x.name, err)
+			return scripts{}, err
 		}
-		*x.dst = redis.NewScript(string(src))
+		*x.dst = redis.NewScript(src)
 	}
 	return s, nil
+}
+
+// scriptSource returns script name as Redis runs it: a line naming it, the shared
+// helpers of lua/lib.lua, then lua/<name>.lua.
+func scriptSource(name string) (string, error) {
+	lib, err := luaFS.ReadFile("lua/lib.lua")
+	if err != nil {
+		return "", fmt.Errorf("delayq: script helpers: %w", err)
+	}
+	src, err := luaFS.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		return "", fmt.Errorf("delayq: script %s: %w", name, err)
+	}
+	return "local SCRIPT = '" + name + "'\n" + string(lib) + string(src), nil
 }
 
 // Client runs the delayq scripts on one Redis deployment (single node, Sentinel or

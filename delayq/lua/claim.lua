@@ -21,17 +21,6 @@
 --   now, lease_until, due   Unix seconds with 3 decimals (strings)
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq claim: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
 local n = int(ARGV[1], 1, 1000)
 if n == nil then return fail('n must be an integer in 1..1000') end

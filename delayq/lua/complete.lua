@@ -15,15 +15,6 @@
 -- Returns one code per task, in order: 1 done, 0 lease lost (that task unchanged).
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq complete: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
 local n = (#ARGV - 1) / 2
 if n < 1 or n > 1000 or n ~= math.floor(n) then
   return fail('expected a retention and 1..1000 id, token pairs, got ' .. #ARGV .. ' arguments')

@@ -26,17 +26,6 @@
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
 -- queue moved earlier. Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq enqueue: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 -- A new task's hash holds its payload and only the fields that differ from their
 -- defaults (absent s = "r", a = 0, m = 25, v = 1; see Keys.TaskKey): with a small
 -- payload the hash is a 32-byte listpack instead of a 48-byte one.

@@ -10,17 +10,6 @@
 -- integer 0 when the lease is lost (task gone, not active, or another token): then
 -- nothing changed. Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq extend: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
 local id, token = ARGV[1], ARGV[2]
 if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end

@@ -12,8 +12,6 @@
 -- when the id is in no ZSET), ttl in ms (-1 none, -2 no hash).
 -- Missing fields are "". Malformed ARGV: an error reply.
 
-local function fail(msg) return redis.error_reply('ERR delayq inspect: ' .. msg) end
-
 if #ARGV < 1 or #ARGV > 1000 then return fail('expected 1..1000 ids, got ' .. #ARGV) end
 for i = 1, #ARGV do
   if #ARGV[i] == 0 or #ARGV[i] > 200 then return fail('id ' .. i .. ' must have 1..200 bytes') end

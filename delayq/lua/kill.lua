@@ -12,10 +12,6 @@
 -- Returns 1 dead, 0 lease lost (nothing changed).
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq kill: ' .. msg) end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
 local id, token, msg = ARGV[1], ARGV[2], ARGV[3]
 if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end

@@ -17,10 +17,6 @@
 --                lease token); repair.lua acts only while it is unchanged
 -- Missing fields are "". Malformed ARGV: an error reply.
 
-local function fail(msg) return redis.error_reply('ERR delayq probe: ' .. msg) end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 -- Keep read() identical in repair.lua: the fingerprints must match.
 local function read(id)
   local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')

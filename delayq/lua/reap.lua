@@ -24,17 +24,6 @@
 -- PUBLISHes on the wake channel when the earliest due time in ready moved earlier.
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq reap: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 6 then return fail('expected 6 arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 local limit = int(ARGV[2], 1, 10000)

@@ -14,10 +14,6 @@
 -- PUBLISHes on the wake channel when the task became the earliest in ready.
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq release: ' .. msg) end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 local id, token = ARGV[2], ARGV[3]

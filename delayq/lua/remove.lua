@@ -10,8 +10,6 @@
 -- Returns 1 if anything was removed, 0 if nothing existed.
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq remove: ' .. msg) end
-
 if #ARGV ~= 1 then return fail('expected 1 argument, got ' .. #ARGV) end
 local id = ARGV[1]
 if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end

@@ -35,17 +35,6 @@
 -- PUBLISHes the new head score on the wake channel when a restore moved the earliest
 -- due time of the queue earlier. Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq repair: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 -- Identical to read() in probe.lua.
 local function read(id)
   local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')

@@ -10,10 +10,6 @@
 -- task finishes. PUBLISHes on the wake channel when the task became the earliest.
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq requeue_dead: ' .. msg) end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 2 then return fail('expected 2 arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 local id = ARGV[2]

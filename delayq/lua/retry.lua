@@ -19,17 +19,6 @@
 -- PUBLISHes on the wake channel when the task became the earliest in ready.
 -- Malformed ARGV: an error reply, nothing written.
 
-local function fail(msg) return redis.error_reply('ERR delayq retry: ' .. msg) end
-
-local function int(s, min, max)
-  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
-  local n = tonumber(s)
-  if n < min or n > max then return nil end
-  return n
-end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 5 then return fail('expected 5 arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 local id, token, msg = ARGV[2], ARGV[3], ARGV[5]

@@ -10,10 +10,6 @@
 --   head  earliest score in ready (string), or "" when ready is empty
 -- Any ARGV: an error reply.
 
-local function fail(msg) return redis.error_reply('ERR delayq stats: ' .. msg) end
-
-local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
-
 if #ARGV ~= 0 then return fail('expected no arguments, got ' .. #ARGV) end
 
 local t = redis.call('TIME')
