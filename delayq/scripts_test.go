@@ -53,6 +53,17 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	}
 
 	s := b.c.s
+	probe, err := adminScript("probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repair, err := adminScript("repair")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := func(due, max, attempt, ver string) []any {
+		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver}
+	}
 	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}
 	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}
 	cases := []struct {
@@ -160,6 +171,20 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"inspect", s.inspect, lease, nil},
 		{"inspect", s.inspect, lease, []any{"rdy", ""}},
 		{"inspect", s.inspect, lease, manyIDs},
+
+		{"probe", probe, lease, nil},
+		{"probe", probe, lease, []any{"rdy", ""}},
+		{"probe", probe, lease, manyIDs},
+
+		{"repair", repair, lease, []any{w, "0"}},
+		{"repair", repair, lease, []any{w, "1"}},
+		{"repair", repair, lease, cat([]any{"", "1"}, restore("now", "3", "0", "1"))},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("soon", "3", "0", "1"))},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "0", "0", "1"))},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "-1", "1"))},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "0"))},
+		{"repair", repair, lease, cat([]any{w, "2"}, restore("now", "3", "0", "1"), []any{"frob", "rdy", "fp", "", "", "", "", ""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, []any{"remove", "", "fp", "", "", "", "", ""})},
 	}
 	snap := b.snapshot(t)
 	for i, tc := range cases {
