@@ -86,10 +86,7 @@ func FuzzPayloadThroughRelay(f *testing.F) {
 		if moved, err := rl.Round(ctx); err != nil || moved != 1 {
 			t.Fatalf("relay round: %d rows, %v", moved, err)
 		}
-		cl, err := dq.Claim(ctx, queue, 10, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cl := claimWhenDue(ctx, t, dq, queue)
 		if len(cl.Tasks) != 1 || cl.Tasks[0].ID != task.ID {
 			t.Fatalf("claimed %+v, want only %s", cl.Tasks, task.ID)
 		}
@@ -100,4 +97,31 @@ func FuzzPayloadThroughRelay(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// claimWhenDue claims from queue once something is due by the Redis clock: a task
+// due "now" on the database clock may still lie a fraction of a millisecond ahead
+// for Redis (due times round up to the millisecond), so the first claim can find
+// it not yet due. It then waits for the NextDue that claim reported.
+func claimWhenDue(ctx context.Context, t *testing.T, dq *delayq.Client, queue string) delayq.Claim {
+	t.Helper()
+	for {
+		cl, err := dq.Claim(ctx, queue, 10, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cl.Tasks) > 0 || cl.NextDue <= 0 {
+			return cl
+		}
+		if cl.NextDue > time.Second {
+			t.Fatalf("nothing due; the next task falls due in %v", cl.NextDue)
+		}
+		timer := time.NewTimer(cl.NextDue)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			t.Fatal(ctx.Err())
+		case <-timer.C:
+		}
+	}
 }

@@ -26,15 +26,18 @@ type PostgresOptions struct {
 // Postgres is a PostgreSQL server this process owns. It can be stopped, killed
 // and started again on the same port with the same data.
 type Postgres struct {
-	mu      sync.Mutex
-	bin     string // directory of initdb and postgres
-	dir     string // data and socket directory, removed by Close
-	port    int
-	opts    PostgresOptions
-	as      runAs
-	proc    *process
-	dockerC func() // non-nil when the server is a container
-	url     string
+	mu   sync.Mutex
+	bin  string // directory of initdb and postgres
+	dir  string // data and socket directory, removed by Close
+	port int
+	opts PostgresOptions
+	as   runAs
+	proc *process
+	// leftover are processes of the last server that had not exited when it was
+	// stopped: Start waits for them.
+	leftover []int
+	dockerC  func() // non-nil when the server is a container
+	url      string
 }
 
 // StartPostgres starts a server from local binaries, else in Docker.
@@ -97,6 +100,10 @@ func (p *Postgres) Start(ctx context.Context) error {
 	if p.dockerC != nil || p.proc != nil {
 		return nil
 	}
+	if err := waitGone(p.leftover, 30*time.Second); err != nil {
+		return fmt.Errorf("start postgres: the old server's %w", err)
+	}
+	p.leftover = nil
 	// fsync=off survives a killed server (the OS keeps the writes), not a lost
 	// machine: right for tests. synchronous_commit stays on so that a commit that
 	// returned is never lost when a fault test kills the server.
@@ -130,33 +137,46 @@ func (p *Postgres) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop shuts the server down cleanly (fast shutdown: open sessions are ended).
+// Stop shuts the server down cleanly (fast shutdown: open sessions are ended). It
+// returns once every process of the server has exited.
 func (p *Postgres) Stop() {
 	p.halt(syscall.SIGINT)
 }
 
 // Kill ends the server at once, as a crash would: the postmaster and every backend
-// and background process (the whole process group). It returns once none of them
-// runs any more, so that a Start right after does not find the old shared memory
-// still attached.
+// and background process. It returns once none of them runs any more, so that a
+// Start right after does not find the old shared memory still attached ("pre-existing
+// shared memory block is still in use").
 func (p *Postgres) Kill() {
+	p.halt(syscall.SIGKILL)
+}
+
+// halt stops the server with sig and waits until all its processes are gone. The
+// postmaster is frozen first (SIGSTOP), so that it forks no process after the list
+// of its children is read; under SIGKILL the children are killed too, since a
+// backend notices its postmaster's death only at its next check.
+func (p *Postgres) halt(sig syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.proc == nil {
 		return
 	}
-	pgid := p.proc.cmd.Process.Pid // Setpgid: the postmaster leads its group
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	p.proc.stop(syscall.SIGKILL, 10*time.Second)
-	p.proc = nil
-	waitGroupGone(pgid, 10*time.Second)
-}
-
-func (p *Postgres) halt(sig syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	pid := p.proc.cmd.Process.Pid
+	if sig == syscall.SIGKILL {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	procs := processTree(pid)
+	if sig == syscall.SIGKILL {
+		for _, child := range procs[1:] {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+		}
+	}
 	p.proc.stop(sig, 10*time.Second)
 	p.proc = nil
+	p.leftover = procs
+	if waitGone(procs, 30*time.Second) == nil {
+		p.leftover = nil
+	}
 }
 
 // Close stops the server and removes its data.

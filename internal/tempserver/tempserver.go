@@ -179,43 +179,70 @@ func startProcess(cmd *exec.Cmd, logPath string) (*process, error) {
 	return p, nil
 }
 
-// waitGroupGone waits until no process of group pgid runs (zombies aside: they hold
-// no memory), at most timeout. Linux: it reads /proc.
-func waitGroupGone(pgid int, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for delay := time.Millisecond; time.Now().Before(deadline); delay = min(2*delay, 50*time.Millisecond) {
-		if !groupRunning(pgid) {
-			return
-		}
-		time.Sleep(delay)
-	}
-}
-
-// groupRunning tells whether a process of group pgid is alive and not a zombie.
-func groupRunning(pgid int) bool {
+// processTree returns pid and its children, as /proc says now. A PostgreSQL
+// postmaster's backends and background processes are its children, each in a
+// session (and process group) of its own: a signal to the postmaster's group
+// does not reach them.
+func processTree(pid int) []int {
+	pids := []int{pid}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return false
+		return pids
 	}
+	parent := strconv.Itoa(pid)
 	for _, e := range entries {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp ...: comm may hold spaces, so read after ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) >= 3 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
-			return true
+		if f := procStat(e.Name()); len(f) >= 2 && f[1] == parent {
+			if child, err := strconv.Atoi(e.Name()); err == nil {
+				pids = append(pids, child)
+			}
 		}
 	}
-	return false
+	return pids
+}
+
+// procStat returns the fields of /proc/<pid>/stat after the command name: state,
+// ppid, pgrp, … (nil when the process is gone). The name may hold spaces, so the
+// fields are read after its closing ')'.
+func procStat(pid string) []string {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// alive tells whether pid runs and is not a zombie (a zombie holds no memory).
+func alive(pid int) bool {
+	f := procStat(strconv.Itoa(pid))
+	return len(f) >= 1 && f[0] != "Z"
+}
+
+// waitGone waits until none of pids is alive, at most timeout, and says which
+// still run after it.
+func waitGone(pids []int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		var left []int
+		for _, pid := range pids {
+			if alive(pid) {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("tempserver: processes %v still run %v after they were stopped", left, timeout)
+		}
+		time.Sleep(delay)
+	}
 }
 
 // stop sends sig and waits up to grace for the exit, then kills.

@@ -63,12 +63,17 @@ func TestPostgresRestartKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close(ctx)
-	pgid := pg.proc.cmd.Process.Pid
+	procs := processTree(pg.proc.cmd.Process.Pid)
+	if len(procs) < 3 {
+		t.Fatalf("server processes %v: want the postmaster and its children", procs)
+	}
 	pg.Kill()
 	// The whole server is gone, not just the postmaster: a backend or background
 	// process left behind would keep the old shared memory attached.
-	if groupRunning(pgid) {
-		t.Fatal("processes of the killed server still run")
+	for _, pid := range procs {
+		if alive(pid) {
+			t.Fatalf("process %d of the killed server still runs", pid)
+		}
 	}
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
