@@ -1,6 +1,11 @@
 # delayq — `make help` lists the targets.
 GO ?= go
 
+# The development build of cmd/delayq: bench, and throwaway servers for demo and
+# bench. The binary built without it (go build ./cmd/delayq, the Dockerfile) links
+# no test servers and no Docker client.
+DEVTAGS := -tags delayqdev
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -13,7 +18,7 @@ servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debi
 
 .PHONY: demo
 demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/REDIS_URL).
-	$(GO) run ./cmd/delayq demo
+	$(GO) run $(DEVTAGS) ./cmd/delayq demo
 
 .PHONY: test
 test: servers ## Run every test against real servers, with the race detector.
@@ -22,7 +27,7 @@ test: servers ## Run every test against real servers, with the race detector.
 .PHONY: bench
 bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
 	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
-	$(GO) run ./cmd/delayq bench
+	$(GO) run $(DEVTAGS) ./cmd/delayq bench
 
 .PHONY: lint
 lint: ## gofmt and go vet.

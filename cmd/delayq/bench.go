@@ -1,3 +1,5 @@
+//go:build delayqdev
+
 package main
 
 import (
@@ -11,6 +13,9 @@ import (
 
 	"github.com/delayq/delayq/internal/bench"
 )
+
+// benchSummary is bench's line in the command list.
+const benchSummary = "run the benchmark workloads and print their figures"
 
 func runBench(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags

@@ -13,9 +13,10 @@ import (
 func runDemo(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags
 	fs := newFlagSet(m, "demo", "demo [flags]",
-		"  delayq demo                    # throwaway PostgreSQL and Redis, started and removed for you\n"+
+		"  make demo                      # in a checkout: throwaway PostgreSQL and Redis, started and removed for you\n"+
 			"  DATABASE_URL=postgres://localhost/app REDIS_URL=redis://localhost:6379 delayq demo\n"+
-			"                                 # your servers: the demo works in a schema and key prefix of its own and removes them\n")
+			"                                 # your servers: the demo works in a schema and key prefix of its own and removes them\n"+
+			"Without the URLs, only a binary built with -tags "+devTag+" (as make demo builds it) starts throwaway servers.\n")
 	conn.register(fs, m, true, true)
 	orders := fs.Int("orders", 3000, "order transactions to attempt")
 	spread := fs.Duration("spread", 3*time.Second, "window the tasks fall due in")

@@ -1,8 +1,14 @@
 // Command delayq is the one binary an operator uses: the relay sidecar, workers,
-// reconcile, inspection, dead letters, migrations, the demo and the benchmarks.
+// reconcile, inspection, dead letters, migrations, the demo, a health check for
+// container images, and its version.
 //
 // Exit codes: 0 success, 1 failure (including inconsistencies found by check),
 // 2 usage error. Errors are printed as one line on standard error.
+//
+// Built as it is (go build ./cmd/delayq, the Dockerfile), the binary links no test
+// servers and no Docker client. Built with -tags delayqdev (make demo, make bench)
+// it also has the benchmark workloads, and the demo starts throwaway PostgreSQL
+// and Redis servers when no URLs are given.
 package main
 
 import (
@@ -35,6 +41,10 @@ type silentRedisLogger struct{}
 
 func (silentRedisLogger) Printf(context.Context, string, ...any) {}
 
+// devTag is the build tag of the development build: bench, and throwaway servers
+// for demo and bench (bench.go, servers.go; their stand-ins are *_stub.go).
+const devTag = "delayqdev"
+
 // Exit codes.
 const (
 	exitOK      = 0
@@ -66,8 +76,12 @@ func commands() map[string]command {
 		"migrate": {"apply, roll back or show the outbox schema migrations", runMigrate},
 		"relay":   {"run the relay sidecar: outbox rows to Redis, lease reaper, retention, /metrics", runRelay},
 		"worker":  {"run a shell command for each task of some queues (payload on stdin), /metrics", runWorker},
-		"bench":   {"run the benchmark workloads and print their figures", runBench},
-		"demo":    {"run the whole system end to end on throwaway servers and report", runDemo},
+		"bench":   {benchSummary, runBench},
+		"demo":    {"run the whole system end to end and report (on throwaway servers: make demo)", runDemo},
+
+		// For images and releases.
+		"version":     {"print the module version, commit and Go version of this binary (also --version)", runVersion},
+		"healthcheck": {"GET the admin server's /healthz (for a container HEALTHCHECK; no shell needed)", runHealthcheck},
 
 		// Operator commands on both stores (relay/reconcile).
 		"reconcile":  {"compare Postgres with Redis and rebuild Redis from Postgres (--dry-run to look only)", runReconcile},
@@ -92,6 +106,9 @@ func usagef(format string, args ...any) error {
 // Run runs the subcommand named by args[0] and returns the exit code.
 func (m *Main) Run(ctx context.Context, args []string) int {
 	cmds := commands()
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		m.usage(cmds)
 		if len(args) == 0 {
@@ -130,7 +147,7 @@ func (m *Main) usage(cmds map[string]command) {
 	b.WriteString("delayq: delayed tasks enqueued in PostgreSQL transactions, timed and dispatched by Redis.\n\n")
 	b.WriteString("Usage: delayq <command> [flags]\n\nCommands:\n")
 	for _, name := range names {
-		fmt.Fprintf(&b, "  %-10s %s\n", name, cmds[name].summary)
+		fmt.Fprintf(&b, "  %-11s %s\n", name, cmds[name].summary)
 	}
 	b.WriteString("\nEnvironment: DATABASE_URL, REDIS_URL (flags override).\n")
 	b.WriteString("Exit codes: 0 ok, 1 failure, 2 usage error.\n")

@@ -1,4 +1,10 @@
+//go:build delayqdev
+
 package main
+
+// This file is built only with -tags delayqdev (make demo, make bench): it links
+// internal/tempserver, and through it the Docker client, which the relay and CLI
+// binary must not carry. servers_stub.go stands in for it otherwise.
 
 import (
 	"context"

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// forbiddenInBinary are packages the relay and CLI binary must not link: the
+// Docker client and the throwaway test servers belong to the development build
+// (-tags delayqdev: make demo, make bench) only.
+var forbiddenInBinary = []string{
+	"github.com/ory/dockertest/v3",
+	"github.com/delayq/delayq/internal/tempserver",
+	"github.com/delayq/delayq/internal/testenv",
+	"testing",
+}
+
+// goListDeps lists the packages the command depends on, built with tags.
+func goListDeps(t *testing.T, tags string) []string {
+	t.Helper()
+	args := []string{"list", "-deps"}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	out, err := exec.Command("go", append(args, ".")...).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps: %v\n%s", err, stderr)
+	}
+	return strings.Fields(string(out))
+}
+
+// TestLeanBinary: the binary built as it is (go build ./cmd/delayq, the
+// Dockerfile) depends on none of forbiddenInBinary, and the development build
+// does link the test servers (so this test would notice the tag stopped
+// mattering).
+func TestLeanBinary(t *testing.T) {
+	t.Parallel()
+	deps := goListDeps(t, "")
+	for _, p := range forbiddenInBinary {
+		for _, d := range deps {
+			if d == p || strings.HasPrefix(d, p+"/") {
+				t.Errorf("cmd/delayq depends on %s: the release binary must not link it (move its user behind -tags %s)", d, devTag)
+			}
+		}
+	}
+	for _, d := range deps {
+		if strings.HasPrefix(d, "github.com/docker/") || strings.HasPrefix(d, "github.com/moby/") {
+			t.Errorf("cmd/delayq depends on %s (a Docker client package)", d)
+		}
+	}
+	if dev := goListDeps(t, devTag); !slices.Contains(dev, "github.com/delayq/delayq/internal/tempserver") {
+		t.Errorf("-tags %s: cmd/delayq does not depend on internal/tempserver; demo's throwaway servers and bench are gone?", devTag)
+	}
+}
