@@ -7,11 +7,13 @@ import (
 	"runtime/debug"
 )
 
-// buildCommit is the commit to report when the build info has none: set with
-// -ldflags "-X main.buildCommit=<sha>" where the source is not a git checkout
-// at build time (a container build whose context leaves out .git, or a build
-// with -buildvcs=false). The build info's vcs.revision wins when present.
-var buildCommit string
+// buildVersion and buildCommit are what to report when the build info has no
+// module version or no commit: set with -ldflags "-X main.buildVersion=v1.2.3
+// -X main.buildCommit=<sha>" where the source is not a git checkout at build time
+// (the Dockerfile's build, whose context leaves out .git; a build with
+// -buildvcs=false). The build info wins when it has them (go install
+// github.com/delayq/delayq/cmd/delayq@v1.2.3, a build in a checkout).
+var buildVersion, buildCommit string
 
 // versionInfo is what `delayq version` prints.
 type versionInfo struct {
@@ -26,20 +28,24 @@ type versionInfo struct {
 // readVersion reads the running binary's build info.
 func readVersion() versionInfo {
 	bi, _ := debug.ReadBuildInfo()
-	return versionFromBuildInfo(bi, buildCommit)
+	return versionFromBuildInfo(bi, buildVersion, buildCommit)
 }
 
 // versionFromBuildInfo extracts the version, the commit and the Go version; bi
-// may be nil (a binary built without module support).
-func versionFromBuildInfo(bi *debug.BuildInfo, fallbackCommit string) versionInfo {
+// may be nil (a binary built without module support). fallbackVersion and
+// fallbackCommit stand in for what the build info lacks.
+func versionFromBuildInfo(bi *debug.BuildInfo, fallbackVersion, fallbackCommit string) versionInfo {
 	v := versionInfo{Version: "(devel)", Commit: "unknown", Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if fallbackVersion != "" {
+		v.Version = fallbackVersion
+	}
 	if fallbackCommit != "" {
 		v.Commit = fallbackCommit
 	}
 	if bi == nil {
 		return v
 	}
-	if bi.Main.Version != "" {
+	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 		v.Version = bi.Main.Version
 	}
 	if bi.GoVersion != "" {
