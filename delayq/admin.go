@@ -220,7 +220,7 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 		case RepairRestore:
 			t := r.Task
 			t.ID = r.ID
-			if err := c.checkTask(t); err != nil {
+			if err := c.checkTask(t, validate.MaxPayloadBytes); err != nil {
 				return nil, fmt.Errorf("delayq: repair %s: %d: %w", queue, i, err)
 			}
 		default:

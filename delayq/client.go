@@ -18,7 +18,6 @@ import (
 var luaFS embed.FS
 
 const (
-	maxAttemptsLimit = 1_000_000
 	maxClaim         = 1000
 	maxComplete      = 1000
 	maxReap          = 10000
@@ -124,31 +123,15 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 	if err != nil {
 		return nil, err
 	}
-	args := make([]any, 0, 2+6*min(len(tasks), c.cfg.EnqueueBatch))
 	for i, t := range tasks {
-		if err := c.checkTask(t); err != nil {
+		if err := c.checkTask(t, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, fmt.Errorf("delayq: enqueue %s: task %d: %w", queue, i, err)
 		}
 	}
 	out := make([]EnqueueStatus, 0, len(tasks))
 	for start := 0; start < len(tasks); start += c.cfg.EnqueueBatch {
 		batch := tasks[start:min(start+c.cfg.EnqueueBatch, len(tasks))]
-		args = append(args[:0], k.Wake, len(batch))
-		for _, t := range batch {
-			due := "now"
-			if !t.RunAt.IsZero() {
-				due = formatScore(t.RunAt)
-			}
-			maxAtt, ver := t.MaxAttempts, t.Version
-			if maxAtt == 0 {
-				maxAtt = c.cfg.DefaultMaxAttempts
-			}
-			if ver == 0 {
-				ver = 1
-			}
-			args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver)
-		}
-		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}, args...)
+		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}, c.enqueueArgs(k, batch, false)...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: enqueue %s: %w", queue, err)
 		}
@@ -161,18 +144,18 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 	return out, nil
 }
 
-func (c *Client) checkTask(t Task) error {
+func (c *Client) checkTask(t Task, maxPayload int) error {
 	if err := validate.TaskID(t.ID); err != nil {
 		return err
 	}
 	switch {
-	case len(t.Payload) > c.cfg.MaxPayloadBytes:
-		return fmt.Errorf("%w: %q: payload %d bytes, at most %d", ErrInvalidTask, t.ID, len(t.Payload), c.cfg.MaxPayloadBytes)
-	case t.MaxAttempts < 0 || t.MaxAttempts > maxAttemptsLimit:
-		return fmt.Errorf("%w: %q: MaxAttempts %d: 0..%d", ErrInvalidTask, t.ID, t.MaxAttempts, maxAttemptsLimit)
-	case t.Attempt < 0 || t.Attempt > maxAttemptsLimit:
-		return fmt.Errorf("%w: %q: Attempt %d: 0..%d", ErrInvalidTask, t.ID, t.Attempt, maxAttemptsLimit)
-	case t.Version < 0 || int64(t.Version) > 1<<31-1:
+	case len(t.Payload) > maxPayload:
+		return fmt.Errorf("%w: %q: payload %d bytes, at most %d", ErrInvalidTask, t.ID, len(t.Payload), maxPayload)
+	case t.MaxAttempts < 0 || t.MaxAttempts > validate.MaxAttempts:
+		return fmt.Errorf("%w: %q: MaxAttempts %d: 0..%d", ErrInvalidTask, t.ID, t.MaxAttempts, validate.MaxAttempts)
+	case t.Attempt < 0 || t.Attempt > validate.MaxAttempts:
+		return fmt.Errorf("%w: %q: Attempt %d: 0..%d", ErrInvalidTask, t.ID, t.Attempt, validate.MaxAttempts)
+	case t.Version < 0 || t.Version > validate.MaxVersion:
 		return fmt.Errorf("%w: %q: Version %d: 0..2^31-1", ErrInvalidTask, t.ID, t.Version)
 	case !t.RunAt.IsZero() && (t.RunAt.UnixMilli() < 0 || t.RunAt.UnixMilli() > 1e14):
 		return fmt.Errorf("%w: %q: RunAt %v out of range", ErrInvalidTask, t.ID, t.RunAt)

@@ -88,8 +88,8 @@ func (c Config) validate() error {
 	switch {
 	case c.DoneRetention != -1 && c.DoneRetention < time.Millisecond:
 		return fmt.Errorf("%w: DoneRetention %v: at least 1ms, or -1", ErrInvalidConfig, c.DoneRetention)
-	case c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > maxAttemptsLimit:
-		return fmt.Errorf("%w: DefaultMaxAttempts %d: 1..%d", ErrInvalidConfig, c.DefaultMaxAttempts, maxAttemptsLimit)
+	case c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > validate.MaxAttempts:
+		return fmt.Errorf("%w: DefaultMaxAttempts %d: 1..%d", ErrInvalidConfig, c.DefaultMaxAttempts, validate.MaxAttempts)
 	case c.MaxPayloadBytes < 1:
 		return fmt.Errorf("%w: MaxPayloadBytes %d: at least 1", ErrInvalidConfig, c.MaxPayloadBytes)
 	case c.EnqueueBatch < 1 || c.EnqueueBatch > 10000:

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // QueueTasks are the tasks of one queue, for EnqueuePipelined.
@@ -13,16 +15,23 @@ type QueueTasks struct {
 	Tasks []Task
 }
 
-// ValidateTask checks t as Enqueue would (id, payload size, attempts, version, run
-// time), without touching Redis. The error wraps ErrInvalidTaskID or ErrInvalidTask.
-// The relay uses it to set aside a row Redis would refuse, instead of letting it
-// fail every batch it is in.
-func (c *Client) ValidateTask(t Task) error { return c.checkTask(t) }
+// ValidateTask checks t as EnqueuePipelined would (id, payload size up to the hard
+// limit validate.MaxPayloadBytes, attempts, version, run time), without touching
+// Redis. The error wraps ErrInvalidTaskID or ErrInvalidTask. The relay uses it to set
+// aside a row Redis would refuse, instead of letting it fail every batch it is in;
+// with the outbox's own checks, no row the outbox accepted is refused.
+func (c *Client) ValidateTask(t Task) error { return c.checkTask(t, validate.MaxPayloadBytes) }
 
-// EnqueuePipelined enqueues the tasks of several queues in one pipelined round trip:
+// EnqueuePipelined is the relay's move of outbox rows it holds locked as pending.
+// It enqueues the tasks of several queues in one pipelined round trip:
 // one enqueue script call per queue and per Config.EnqueueBatch tasks, all sent
 // together (on a Cluster, one pipeline per node). The statuses come back in the
 // shape of batches: out[i][j] is the status of batches[i].Tasks[j].
+//
+// Because the caller holds each task's row as live, a done or dead record of the id
+// in Redis is an earlier life of it (a reused id, a task retried from dead) and is
+// replaced. Payloads are checked against the hard limit, not Config.MaxPayloadBytes:
+// the outbox already applied its own.
 //
 // Every queue name and task is validated before anything is sent. The calls are
 // independent: on an error some of them may have been applied. Since an enqueue of
@@ -43,7 +52,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 			return nil, err
 		}
 		for j, t := range b.Tasks {
-			if err := c.checkTask(t); err != nil {
+			if err := c.checkTask(t, validate.MaxPayloadBytes); err != nil {
 				return nil, fmt.Errorf("delayq: enqueue %s: task %d: %w", b.Queue, j, err)
 			}
 		}
@@ -52,7 +61,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 			calls = append(calls, call{
 				batch: i, start: start, n: len(part),
 				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead},
-				args: c.enqueueArgs(k, part),
+				args: c.enqueueArgs(k, part, true),
 			})
 		}
 	}
@@ -108,9 +117,13 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 }
 
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
-func (c *Client) enqueueArgs(k Keys, tasks []Task) []any {
-	args := make([]any, 0, 2+6*len(tasks))
-	args = append(args, k.Wake, len(tasks))
+func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
+	args := make([]any, 0, 3+6*len(tasks))
+	replace := "0"
+	if replaceFinished {
+		replace = "1"
+	}
+	args = append(args, k.Wake, len(tasks), replace)
 	for _, t := range tasks {
 		due := "now"
 		if !t.RunAt.IsZero() {

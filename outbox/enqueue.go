@@ -69,7 +69,7 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	}
 	w := c.row(t)
 	res := Result{Duplicate: true}
-	err := r.query(ctx, c.sql.enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts},
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts},
 		func(scan func(...any) error) error {
 			var notified int64
 			res.Duplicate = false
@@ -151,7 +151,7 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
 		named    map[key]bool
 	)
-	err := r.query(ctx, c.sql.enqueueMany, []any{queues, ids, runAts, delays, payloads, attempts},
+	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts},
 		func(scan func(...any) error) error {
 			var (
 				n, notified int64

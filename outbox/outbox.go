@@ -1,33 +1,40 @@
 package outbox
 
 import (
-	"time"
-
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 const (
 	// TableName is the outbox table, created by package migrations.
-	TableName = "delayq_outbox"
+	TableName = taskstate.TableName
 	// DefaultSchema is the schema used when Config.Schema is empty.
 	DefaultSchema = "public"
 	// DefaultMaxPayloadBytes is the payload limit used when Config.MaxPayloadBytes is 0.
-	DefaultMaxPayloadBytes = 64 << 10
+	DefaultMaxPayloadBytes = validate.DefaultMaxPayloadBytes
+	// MaxPayloadBytes is the hard limit of a payload, what MaxPayloadBytes -1
+	// allows: 16 MiB. The relay moves any payload up to it.
+	MaxPayloadBytes = validate.MaxPayloadBytes
 	// DefaultMaxAttempts is used when neither the task nor Config sets max attempts.
-	DefaultMaxAttempts = 25
+	DefaultMaxAttempts = validate.DefaultMaxAttempts
+	// MaxAttempts is the largest max attempts a task may have.
+	MaxAttempts = validate.MaxAttempts
 	// DefaultNotifyChannel is the channel the enqueue notifies and the relay listens on.
 	DefaultNotifyChannel = "delayq_outbox"
 	// DefaultNotifyWithin is how soon a task must be due for its enqueue to wake the
 	// relay at commit.
 	DefaultNotifyWithin = 30 * time.Second
-	// MaxErrorBytes bounds the error summary RecordFailure stores.
-	MaxErrorBytes = 500
+	// MaxErrorBytes bounds the error summary kept with a failed task.
+	MaxErrorBytes = validate.MaxErrorBytes
 )
 
 // Querier runs SQL. pgx.Tx, *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn satisfy it. Pass
@@ -69,12 +76,13 @@ type Config struct {
 	// starting with a digit.
 	Schema string
 	// MaxPayloadBytes is the largest payload Enqueue accepts. Default 64 KiB
-	// (DefaultMaxPayloadBytes); -1 means no limit of ours (Postgres stops at 1 GB, but
-	// every payload also travels through Redis: keep them small, pass references to big
-	// data).
+	// (DefaultMaxPayloadBytes); at most, and -1 means, the hard limit of 16 MiB
+	// (MaxPayloadBytes), which the relay moves to Redis whatever the Redis side's
+	// own setting. Every payload travels through Redis: keep them small, pass
+	// references to big data.
 	MaxPayloadBytes int
 	// DefaultMaxAttempts is used for tasks that leave MaxAttempts at 0. Default 25
-	// (DefaultMaxAttempts).
+	// (DefaultMaxAttempts); 1..1,000,000 (MaxAttempts).
 	DefaultMaxAttempts int
 	// NotifyChannel is the Postgres notification channel the enqueue wakes the relay on,
 	// with the queue name as payload. Default "delayq_outbox" (DefaultNotifyChannel); the
@@ -112,6 +120,9 @@ func (c Config) WithDefaults() Config {
 	if c.NotifyWithin == 0 {
 		c.NotifyWithin = DefaultNotifyWithin
 	}
+	if c.MaxPayloadBytes == -1 {
+		c.MaxPayloadBytes = MaxPayloadBytes
+	}
 	return c
 }
 
@@ -126,11 +137,11 @@ func (c Config) validate() error {
 	if !plainIdent(c.NotifyChannel, true) {
 		return fmt.Errorf("%w: NotifyChannel %q must be 1..63 bytes of [a-z0-9_]", ErrInvalidConfig, c.NotifyChannel)
 	}
-	if c.MaxPayloadBytes < -1 {
-		return fmt.Errorf("%w: MaxPayloadBytes %d (use -1 for no limit)", ErrInvalidConfig, c.MaxPayloadBytes)
+	if c.MaxPayloadBytes < -1 || c.MaxPayloadBytes > MaxPayloadBytes {
+		return fmt.Errorf("%w: MaxPayloadBytes %d: 1..%d, or -1 for the hard limit", ErrInvalidConfig, c.MaxPayloadBytes, MaxPayloadBytes)
 	}
-	if c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > maxInt32 {
-		return fmt.Errorf("%w: DefaultMaxAttempts %d must be at least 1", ErrInvalidConfig, c.DefaultMaxAttempts)
+	if c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > MaxAttempts {
+		return fmt.Errorf("%w: DefaultMaxAttempts %d: 1..%d", ErrInvalidConfig, c.DefaultMaxAttempts, MaxAttempts)
 	}
 	return nil
 }
@@ -151,14 +162,12 @@ func plainIdent(s string, digitFirst bool) bool {
 	return true
 }
 
-const maxInt32 = 1<<31 - 1
-
 // Client enqueues tasks into the outbox and manages them. It holds no connection and is
 // safe for concurrent use: every call takes the Querier to run on.
 type Client struct {
 	cfg   Config
-	table string
-	sql   statements
+	store *taskstate.Store
+	sql   taskstate.Statements
 }
 
 // New returns a Client for the outbox described by cfg.
@@ -167,13 +176,16 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	table := fmt.Sprintf(`"%s"."%s"`, cfg.Schema, TableName)
-	return &Client{cfg: cfg, table: table, sql: newStatements(table, cfg)}, nil
+	store := taskstate.New(taskstate.Config{
+		Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel,
+		NotifyWithin: cfg.NotifyWithin, ClearPayloadOnDone: cfg.ClearPayloadOnDone,
+	})
+	return &Client{cfg: cfg, store: store, sql: store.SQL}, nil
 }
 
 // Table returns the quoted, schema-qualified outbox table name, e.g.
-// "public"."delayq_outbox", for SQL written by other packages.
-func (c *Client) Table() string { return c.table }
+// "public"."delayq_outbox".
+func (c *Client) Table() string { return c.store.Table() }
 
 // Config returns the configuration in use, defaults filled in.
 func (c *Client) Config() Config { return c.cfg }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
@@ -479,10 +480,10 @@ func TestBadInput(t *testing.T) {
 	if err := b.client.Reschedule(ctx, b.pool, "a", "x", time.Time{}); !errors.Is(err, outbox.ErrInvalidRunAt) {
 		t.Errorf("Reschedule to the zero time: %v", err)
 	}
-	if _, err := b.client.MarkDone(ctx, b.pool, "a", "x", 0); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := b.client.MarkDone(ctx, b.pool, "a", "x", 0); !errors.Is(err, taskstate.ErrInvalidArgument) {
 		t.Errorf("MarkDone at version 0: %v", err)
 	}
-	if _, err := b.client.RecordFailure(ctx, b.pool, "a", "x", 1, -1, "", false); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := b.client.RecordFailure(ctx, b.pool, "a", "x", 1, -1, "", false); !errors.Is(err, taskstate.ErrInvalidArgument) {
 		t.Errorf("RecordFailure with attempt -1: %v", err)
 	}
 }
@@ -630,14 +631,18 @@ func TestCancelReschedule(t *testing.T) {
 	}
 
 	// A reschedule far ahead (a) is left to the relay's next round; one due soon (b)
-	// wakes the relay at commit.
+	// wakes the relay at commit; so does one far ahead of a task whose older version
+	// is in Redis (b again), which the relay must replace before it falls due: it
+	// keeps its queued_at, which makes the relay take it whatever its run_at.
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	soon := time.Now().Add(2 * time.Second).Truncate(time.Microsecond)
 	for _, r := range []struct {
-		id     string
-		at     time.Time
-		notify bool
-	}{{"a", at, false}, {"b", soon, true}} {
+		id      string
+		at      time.Time
+		notify  bool
+		version int
+		queued  bool
+	}{{"a", at, false, 2, false}, {"b", soon, true, 2, true}, {"b", at, true, 3, true}} {
 		if err := b.client.Reschedule(ctx, b.pool, "q", r.id, r.at); err != nil {
 			t.Fatalf("Reschedule %s: %v", r.id, err)
 		}
@@ -647,10 +652,10 @@ func TestCancelReschedule(t *testing.T) {
 			want = "after-" + r.id
 		}
 		if got := nextNotification(t, l); got != want {
-			t.Errorf("after Reschedule of %s the listener heard %q, want %q", r.id, got, want)
+			t.Errorf("after Reschedule of %s to %v the listener heard %q, want %q", r.id, r.at, got, want)
 		}
 		s := load(t, b.pool, "q", r.id)
-		if s.state != "pending" || !s.runAt.Equal(r.at) || s.vers != 2 || s.queuedAt != nil {
+		if s.state != "pending" || !s.runAt.Equal(r.at) || s.vers != r.version || (s.queuedAt != nil) != r.queued {
 			t.Errorf("after Reschedule, %s is %+v", r.id, s)
 		}
 	}
@@ -865,7 +870,7 @@ func TestMarkDoneMany(t *testing.T) {
 	if err := b.client.Cancel(ctx, b.pool, "m", "c"); err != nil {
 		t.Fatal(err)
 	}
-	keys := []outbox.TaskKey{{"m", "a", 1}, {"m", "b", 2}, {"m", "c", 1}, {"m", "d", 1}, {"m", "missing", 1}}
+	keys := []taskstate.Key{{Queue: "m", ID: "a", Version: 1}, {Queue: "m", ID: "b", Version: 2}, {Queue: "m", ID: "c", Version: 1}, {Queue: "m", ID: "d", Version: 1}, {Queue: "m", ID: "missing", Version: 1}}
 	applied, err := b.client.MarkDoneMany(ctx, b.pool, keys)
 	if err != nil {
 		t.Fatal(err)
@@ -882,7 +887,7 @@ func TestMarkDoneMany(t *testing.T) {
 	if err != nil || again[0] {
 		t.Fatalf("second MarkDoneMany of a: %v %v, want false", again, err)
 	}
-	if _, err := b.client.MarkDoneMany(ctx, b.pool, []outbox.TaskKey{{"m", "a", 0}}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := b.client.MarkDoneMany(ctx, b.pool, []taskstate.Key{{Queue: "m", ID: "a", Version: 0}}); !errors.Is(err, taskstate.ErrInvalidArgument) {
 		t.Fatalf("version 0: %v", err)
 	}
 }

@@ -3,9 +3,7 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -70,11 +68,11 @@ func (c *Client) Validate(t Task) error {
 			return err
 		}
 	}
-	if limit := c.cfg.MaxPayloadBytes; limit >= 0 && len(t.Payload) > limit {
+	if limit := c.cfg.MaxPayloadBytes; len(t.Payload) > limit {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPayloadTooLarge, len(t.Payload), limit)
 	}
-	if t.MaxAttempts < 0 || t.MaxAttempts > maxInt32 {
-		return fmt.Errorf("%w: %d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, c.cfg.DefaultMaxAttempts)
+	if t.MaxAttempts < 0 || t.MaxAttempts > MaxAttempts {
+		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, MaxAttempts, c.cfg.DefaultMaxAttempts)
 	}
 	return nil
 }
@@ -117,20 +115,4 @@ func (c *Client) row(t Task) row {
 		r.maxAttempts = int32(c.cfg.DefaultMaxAttempts)
 	}
 	return r
-}
-
-// errorSummary makes lastErr fit a text column and the promise of a short summary:
-// valid UTF-8, no NUL byte (Postgres refuses it), at most MaxErrorBytes bytes.
-func errorSummary(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "")
-	if len(s) <= MaxErrorBytes {
-		return s
-	}
-	const ellipsis = "…"
-	cut := MaxErrorBytes - len(ellipsis)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + ellipsis
 }

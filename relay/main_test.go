@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -293,6 +294,18 @@ func (b testBundle) info(t *testing.T, queue, id string) delayq.TaskInfo {
 		t.Fatal(err)
 	}
 	return ti[0]
+}
+
+// markDone runs the worker's completion guard on its own, as a worker that
+// committed would have.
+func markDone(t *testing.T, q taskstate.Querier, queue, id string, version int) bool {
+	t.Helper()
+	ok, err := taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema}).
+		MarkDone(ctxT(t), q, taskstate.Key{Queue: queue, ID: id, Version: version}, false)
+	if err != nil {
+		t.Fatalf("mark %s/%s done: %v", queue, id, err)
+	}
+	return ok
 }
 
 func task(queue, id string) outbox.Task {

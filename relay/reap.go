@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // deadTask is a task the reaper declared dead in Redis, to be mirrored into
@@ -117,12 +118,12 @@ func (r *Relay) mirrorDeadQueue(ctx context.Context, queue string, ids []string)
 		qs, tids = append(qs, queue), append(tids, ti.ID)
 		versions = append(versions, int32(ti.Version))
 		attempts = append(attempts, int32(ti.Attempt))
-		errs = append(errs, cutError(msg))
+		errs = append(errs, validate.ErrorSummary(msg))
 	}
 	if len(qs) == 0 {
 		return nil
 	}
-	tag, err := r.pool.Exec(ctx, r.sql.markDead, qs, tids, versions, attempts, errs)
+	tag, err := r.pool.Exec(ctx, r.sql.MarkDead, qs, tids, versions, attempts, errs)
 	if err != nil {
 		return r.pgErr(errReap, "mirror dead tasks", err)
 	}

@@ -2,20 +2,20 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
@@ -24,7 +24,7 @@ type Relay struct {
 	pool    *pgxpool.Pool
 	dq      *delayq.Client
 	cfg     Config
-	sql     statements
+	sql     taskstate.Statements
 	table   string
 	metrics *Metrics
 
@@ -50,16 +50,13 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ob, err := outbox.New(outbox.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err) // checked by validate already
-	}
+	store := taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
 	r := &Relay{
 		pool:    pool,
 		dq:      dq,
 		cfg:     cfg,
-		table:   ob.Table(),
-		sql:     newStatements(ob.Table()),
+		table:   store.Table(),
+		sql:     store.SQL,
 		metrics: newMetrics(),
 		wake:    make(chan struct{}, 1),
 		seen:    make(map[string]bool),
@@ -178,9 +175,9 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 
 	var rowsRes pgx.Rows
 	if len(r.cfg.Queues) > 0 {
-		rowsRes, err = tx.Query(ctx, r.sql.takeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+		rowsRes, err = tx.Query(ctx, r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
 	} else {
-		rowsRes, err = tx.Query(ctx, r.sql.takeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+		rowsRes, err = tx.Query(ctx, r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
 	}
 	if err != nil {
 		return 0, r.pgErr(errPostgres, "take due rows", err)
@@ -212,9 +209,11 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			ID: x.id, Payload: x.payload, RunAt: x.runAt,
 			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
 		}
-		if err := r.dq.ValidateTask(t); err != nil {
+		// A row no Redis key can hold (written by hand or by an older version) is
+		// set dead with the reason, and the round goes on without it.
+		if err := errors.Join(validate.Queue(x.queue), r.dq.ValidateTask(t)); err != nil {
 			bad, badID = append(bad, x.ctid), append(badID, x.queue+"/"+x.id)
-			badEr = append(badEr, cutError("relay: Redis refuses the task: "+err.Error()))
+			badEr = append(badEr, validate.ErrorSummary("relay: Redis cannot hold the task: "+err.Error()))
 			continue
 		}
 		i, ok := byQueue[x.queue]
@@ -237,7 +236,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		}
 	}
 	if len(bad) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.markInvalid, bad, badEr); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.MarkInvalid, bad, badEr); err != nil {
 			return 0, r.pgErr(errPostgres, "mark invalid rows dead", err)
 		}
 	}
@@ -281,9 +280,9 @@ func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
 		err  error
 	)
 	if len(r.cfg.Queues) > 0 {
-		err = r.pool.QueryRow(ctx, r.sql.nextDueQueues, r.cfg.Queues).Scan(&next, &now)
+		err = r.pool.QueryRow(ctx, r.sql.NextDueQueues, r.cfg.Queues).Scan(&next, &now)
 	} else {
-		err = r.pool.QueryRow(ctx, r.sql.nextDue).Scan(&next, &now)
+		err = r.pool.QueryRow(ctx, r.sql.NextDue).Scan(&next, &now)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -331,7 +330,7 @@ func (r *Relay) queues(ctx context.Context) ([]string, error) {
 	if fresh {
 		return known, nil
 	}
-	rows, err := r.pool.Query(ctx, r.sql.queues)
+	rows, err := r.pool.Query(ctx, r.sql.QueuedQueues)
 	if err != nil {
 		return known, err
 	}
@@ -351,16 +350,4 @@ func (r *Relay) queues(ctx context.Context) ([]string, error) {
 	r.known = found
 	r.refreshed = time.Now()
 	return slices.Clone(found), nil
-}
-
-// cutError keeps an error summary within the outbox's limit, on a rune boundary.
-func cutError(s string) string {
-	if len(s) <= outbox.MaxErrorBytes {
-		return s
-	}
-	s = s[:outbox.MaxErrorBytes]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return strings.ToValidUTF8(s, "")
 }

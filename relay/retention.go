@@ -28,7 +28,7 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // rows deleted and the number of batches.
 func (r *Relay) prune(ctx context.Context) (deleted int64, batches int, err error) {
 	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, r.sql.prune, r.cfg.Retention.Microseconds(), r.cfg.RetentionBatch)
+		tag, err := r.pool.Exec(ctx, r.sql.Prune, r.cfg.Retention.Microseconds(), r.cfg.RetentionBatch)
 		if err != nil {
 			return deleted, batches, err
 		}

@@ -34,7 +34,7 @@ func (r *Relay) refreshStats(ctx context.Context, finished bool) error {
 		return err
 	}
 	var pending, queued int64
-	if err := r.pool.QueryRow(ctx, r.sql.depthLive).Scan(&pending, &queued); err != nil {
+	if err := r.pool.QueryRow(ctx, r.sql.DepthLive).Scan(&pending, &queued); err != nil {
 		return err
 	}
 	r.metrics.depth.WithLabelValues("pending").Set(float64(pending))
@@ -47,7 +47,7 @@ func (r *Relay) refreshStats(ctx context.Context, finished bool) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '10s'"); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, r.sql.depthFinished)
+		rows, err := tx.Query(ctx, r.sql.DepthFinished)
 		if err != nil {
 			return err
 		}

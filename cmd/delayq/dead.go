@@ -130,24 +130,24 @@ func runDeadRetry(ctx context.Context, m *Main, args []string) error {
 	case !*all && validate.TaskID(fs.Arg(0)) != nil:
 		return usagef("%v", validate.TaskID(fs.Arg(0)))
 	}
-	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
+	pool, _, closeAll, err := openStores(ctx, &conn, opts, false)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
 	if *all {
-		n, err := reconcile.RetryAllDead(ctx, pool, dq, opts)
+		n, err := reconcile.RetryAllDead(ctx, pool, opts)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(m.Stdout, "retried %d dead tasks: queued, attempts reset, due now\n", n)
+		fmt.Fprintf(m.Stdout, "retried %d dead tasks: due now as new versions, attempts reset; the relay moves them\n", n)
 		return nil
 	}
 	q, id := queues.list[0], fs.Arg(0)
-	if err := reconcile.RetryDead(ctx, pool, dq, opts, q, id); err != nil {
+	if err := reconcile.RetryDead(ctx, pool, opts, q, id); err != nil {
 		return err
 	}
-	fmt.Fprintf(m.Stdout, "retried %s/%s: queued, attempts reset, due now\n", q, id)
+	fmt.Fprintf(m.Stdout, "retried %s/%s: due now as a new version, attempts reset; the relay moves it\n", q, id)
 	return nil
 }
 

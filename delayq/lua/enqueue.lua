@@ -3,10 +3,10 @@
 -- The task hash is the Redis dedupe record: it exists from enqueue until its
 -- done-retention TTL runs out (or until remove). An existing hash makes the task a
 -- duplicate, except when the given version is higher than the stored one (a
--- Reschedule in the outbox, which only ever reaches a task Postgres has not finished):
--- then score, payload, max_attempts, attempts and version are replaced, whatever the
--- status — a lease is revoked, a dead or done copy of the older version is brought
--- back.
+-- Reschedule in the outbox, which only ever reaches a task Postgres has not finished),
+-- or when it is finished and ARGV[3] says the caller holds the live row: then score,
+-- payload, max_attempts, attempts and version are replaced, whatever the status — a
+-- lease is revoked, a dead or done copy of the older version is brought back.
 --
 -- KEYS[1]  ready ZSET            "<prefix>:{<queue>}:ready"
 -- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
@@ -14,11 +14,15 @@
 -- KEYS[4]  dead ZSET             "<prefix>:{<queue>}:dead"
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
--- then for task k = 0..n-1, ARGV[3+6k] .. ARGV[8+6k]:
+-- ARGV[3]  replace finished: "1" from the relay, which holds each task's outbox row
+--          locked as pending: a done or dead hash of the id, of any version, is then
+--          an earlier life of the id (a reused id after retention, a task retried
+--          from dead) and is replaced; "0" otherwise
+-- then for task k = 0..n-1, ARGV[4+6k] .. ARGV[9+6k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
---   max_attempts  1..1000000
+--   max_attempts  1..1000000 (validate.MaxAttempts)
 --   attempt       0..1000000, attempts already used (0 for a new task)
 --   version       1..2147483647, the outbox version
 --
@@ -46,8 +50,10 @@ end
 local W = 6
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
-if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
+if #ARGV ~= 3 + W * n then return fail('expected ' .. (3 + W * n) .. ' arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
+if ARGV[3] ~= '0' and ARGV[3] ~= '1' then return fail('replace finished must be 0 or 1') end
+local replace_finished = ARGV[3] == '1'
 
 -- Validate everything first (nothing is written for malformed ARGV), keeping only
 -- each task's score; the second loop reads the rest from ARGV again. A given due is
@@ -56,7 +62,7 @@ if ARGV[1] == '' then return fail('empty wake channel') end
 local now = nil
 local scores = {}
 for k = 0, n - 1 do
-  local b = 3 + W * k
+  local b = 4 + W * k
   local id, due = ARGV[b], ARGV[b + 1]
   if #id == 0 or #id > 200 then return fail('task ' .. k .. ': id must have 1..200 bytes') end
   if due == 'now' then
@@ -84,7 +90,7 @@ local out = {}
 -- score, as with one ZADD each).
 local z = {}
 for i = 1, n do
-  local b = 3 + W * (i - 1)
+  local b = 4 + W * (i - 1)
   local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local h = KEYS[3] .. id
@@ -95,7 +101,7 @@ for i = 1, n do
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
-  elseif (tonumber(cur[2]) or 1) < ver then
+  elseif (tonumber(cur[2]) or 1) < ver or (replace_finished and (st == 'd' or st == 'x')) then
     if st == 'a' then
       redis.call('ZREM', KEYS[2], id)
       redis.call('HDEL', h, 't')

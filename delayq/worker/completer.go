@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/internal/taskstate"
 )
 
 // Finished runs are settled in batches, in two stages that overlap:
@@ -49,9 +47,8 @@ func batches[T any](in <-chan T, settle func([]T)) {
 
 // completion is one plain run waiting for its completion to be recorded.
 type completion struct {
-	key   outbox.TaskKey
-	clear bool // clear the payload too (QueueConfig.ClearPayload)
-	done  chan completionResult
+	completion taskstate.Completion
+	done       chan completionResult
 }
 
 type completionResult struct {
@@ -63,33 +60,12 @@ type completionResult struct {
 func (w *Worker) recordBatch(batch []*completion) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
-	keys := make([]outbox.TaskKey, len(batch))
-	var clear []string // queue, id pairs of the runs that clear their payload
+	done := make([]taskstate.Completion, len(batch))
 	for i, c := range batch {
-		keys[i] = c.key
-		if c.clear {
-			clear = append(clear, c.key.Queue, c.key.ID)
-		}
+		done[i] = c.completion
 	}
-	var applied []bool
-	var err error
-	if len(clear) == 0 {
-		// One statement is its own transaction: one round trip, not three.
-		applied, err = w.ob.MarkDoneMany(ctx, w.pool, keys)
-	} else {
-		err = pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-			var err error
-			if applied, err = w.ob.MarkDoneMany(ctx, tx, keys); err != nil {
-				return err
-			}
-			for i := 0; i < len(clear); i += 2 {
-				if _, err := tx.Exec(ctx, w.sqlClearPayload, clear[i], clear[i+1]); err != nil {
-					return fmt.Errorf("clear payload: %w", err)
-				}
-			}
-			return nil
-		})
-	}
+	// One statement is its own transaction: one round trip.
+	applied, err := w.store.MarkDoneMany(ctx, w.pool, done)
 	for i, c := range batch {
 		if err != nil {
 			c.done <- completionResult{err: fmt.Errorf("record completion: %w", err)}
@@ -104,9 +80,11 @@ func (w *Worker) recordBatch(batch []*completion) {
 func (r *run) completePlain(ctx context.Context) (outcome, error) {
 	w, t := r.w, r.t
 	c := &completion{
-		key:   outbox.TaskKey{Queue: t.Queue, ID: t.ID, Version: t.Version},
-		clear: r.q.cfg.ClearPayload,
-		done:  make(chan completionResult, 1),
+		completion: taskstate.Completion{
+			Key:          taskstate.Key{Queue: t.Queue, ID: t.ID, Version: t.Version},
+			ClearPayload: r.q.cfg.ClearPayload,
+		},
+		done: make(chan completionResult, 1),
 	}
 	select {
 	case w.completions <- c:

@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // run is one run of one claimed task.
@@ -146,7 +146,7 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 		return r.completeAlone(ctx, conn)
 	}
 	b := &pgx.Batch{}
-	b.Queue(w.sqlGuard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
+	b.Queue(w.store.SQL.GuardAbort, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, guardErr := br.Exec()
@@ -155,7 +155,7 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 	if guardErr != nil {
 		tx.end(ctx)
 		conn.Release()
-		if !refusedByGuard(guardErr) {
+		if !taskstate.RefusedByGuard(guardErr) {
 			return "", fmt.Errorf("record completion: %w", guardErr)
 		}
 		return r.refusedByState(ctx)
@@ -174,7 +174,7 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 // failure would have to abort). It releases conn.
 func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, error) {
 	w, t := r.w, r.t
-	tag, err := conn.Exec(ctx, w.sqlGuardAlone, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
+	tag, err := conn.Exec(ctx, w.store.SQL.Guard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
 	conn.Release()
 	if err != nil {
 		return "", fmt.Errorf("record completion: %w", err)
@@ -187,17 +187,11 @@ func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, e
 
 // refusedByState settles a run whose guard matched no row, by the row's state now.
 func (r *run) refusedByState(ctx context.Context) (outcome, error) {
-	st, err := r.w.rowState(ctx, r.w.pool, r.t)
+	st, err := r.w.store.Row(ctx, r.w.pool, r.t.Queue, r.t.ID)
 	if err != nil {
 		return "", fmt.Errorf("record completion: %w", err)
 	}
 	return r.refused(ctx, st), nil
-}
-
-// refusedByGuard tells the guard's division by zero (sqlGuard) from other errors.
-func refusedByGuard(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "22012" // division_by_zero
 }
 
 // succeeded counts a run whose completion committed and acks Redis.
@@ -241,75 +235,52 @@ func (r *run) markLost() {
 	}
 }
 
-// rowState is the outbox row of a task as it is now.
-type rowState struct {
-	exists    bool
-	state     string
-	version   int
-	lastError string
-}
-
-// finished: the task needs no run any more (done, dead, cancelled, or gone).
-func (s rowState) finished() bool {
-	return !s.exists || s.state == "done" || s.state == "dead" || s.state == "cancelled"
-}
-
-func (w *Worker) rowState(ctx context.Context, q outbox.Querier, t *Task) (rowState, error) {
-	var s rowState
-	err := q.QueryRow(ctx, w.sqlState, t.Queue, t.ID).Scan(&s.state, &s.version, &s.lastError)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return rowState{}, nil
-	case err != nil:
-		return rowState{}, fmt.Errorf("read outbox row: %w", err)
-	}
-	s.exists = true
-	return s, nil
-}
-
 // refused settles a run whose completion or failure the outbox guard refused.
-func (r *run) refused(ctx context.Context, st rowState) outcome {
+func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	w, t := r.w, r.t
-	if st.finished() {
+	var reason string
+	switch {
+	case !st.Exists:
+		// No outbox row: a task put in Redis without the outbox, or pruned.
+		reason = "no outbox row"
+	case st.State.Finished():
 		// A duplicate delivery (a lease that expired under a slow worker, an ack
 		// lost after the commit, a relay that ran twice) or a cancelled task: the
-		// effect was rolled back. Redis follows Postgres.
-		w.stats.suppressed.Add(1)
-		w.metrics.event(t.Queue, evSuppressed)
+		// effect was rolled back.
+		reason = "task " + string(st.State)
+	case st.Version != t.Version:
+		// Rescheduled (or retried from dead): this run holds an older copy. The
+		// relay puts the new version in Redis (at once, wherever its due time
+		// lies), replacing whatever this ack leaves.
+		reason = fmt.Sprintf("outbox holds version %d", st.Version)
+	default:
+		// Live at this version although the guard did not see it so: the row
+		// changed between the guard and the read. Give it back for a later run.
+		w.log.Warn("worker: outbox row changed under the completion; giving the task back",
+			"queue", t.Queue, "id", t.ID, "version", t.Version, "state", st.State)
 		r.hbOff()
-		var err error
-		if st.state == "dead" {
-			err = w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, st.lastError)
-		} else {
-			err = w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)
+		if _, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, r.q.cfg.Backoff.Delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
+			!errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Warn("worker: giving back the task failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
-		if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
-			w.log.Warn("worker: ack of a suppressed duplicate failed", "queue", t.Queue, "id", t.ID, "err", err)
-		}
-		w.log.Debug("worker: duplicate run suppressed", "queue", t.Queue, "id", t.ID, "state", st.state)
-		return outSuppressed
+		return outStale
 	}
-	// Still to run, at another version (rescheduled) or not yet visible: this copy
-	// is stale. Acknowledging it would make Redis drop the new version as a
-	// duplicate, so it goes back to ready, where the relay's enqueue of the new
-	// version replaces it.
-	w.log.Warn("worker: outbox row is at another version; giving the task back",
-		"queue", t.Queue, "id", t.ID, "version", t.Version, "outbox_version", st.version, "state", st.state)
+	// Redis follows Postgres: this copy is acknowledged (dead if Postgres says so).
+	w.stats.suppressed.Add(1)
+	w.metrics.event(t.Queue, evSuppressed)
 	r.hbOff()
-	if _, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, r.q.cfg.Backoff.Delay(t.Attempt), "stale version"); r.leaseErr(err) != nil &&
-		!errors.Is(err, delayq.ErrLeaseLost) {
-		w.log.Warn("worker: giving back a stale task failed", "queue", t.Queue, "id", t.ID, "err", err)
+	var err error
+	if st.Exists && st.State == taskstate.Dead && st.Version == t.Version {
+		err = w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, st.LastError)
+	} else {
+		err = w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)
 	}
-	return outStale
-}
-
-// summary is the error kept with the task: the message only, never a stack.
-func summary(err error) string {
-	s := err.Error()
-	if len(s) > outbox.MaxErrorBytes {
-		s = s[:outbox.MaxErrorBytes]
+	if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+		w.log.Warn("worker: ack of a suppressed run failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}
-	return s
+	w.log.Info("worker: run suppressed, its effect rolled back", "queue", t.Queue, "id", t.ID,
+		"version", t.Version, "attempt", t.Attempt, "reason", reason)
+	return outSuppressed
 }
 
 // fail records a failed run: the attempt and error in Postgres, then a retry
@@ -319,7 +290,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	w, q, t := r.w, r.q, r.t
 	w.stats.failed.Add(1)
 	w.metrics.event(t.Queue, evFailed)
-	msg := summary(err)
+	msg := validate.ErrorSummary(err.Error())
 	if r.lost.Load() {
 		// Another worker may hold the task now: its run decides.
 		w.log.Warn("worker: task failed after its lease was lost", "queue", t.Queue, "id", t.ID, "err", msg)
@@ -336,7 +307,10 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	w.log.Warn("worker: task failed", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt,
 		"max_attempts", t.MaxAttempts, "dead", dead, "err", msg)
 
-	applied, perr := w.ob.RecordFailure(ctx, w.pool, t.Queue, t.ID, t.Version, t.Attempt, msg, dead)
+	key := taskstate.Key{Queue: t.Queue, ID: t.ID, Version: t.Version}
+	applied, perr := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{
+		Key: key, Attempt: t.Attempt, Err: msg, Dead: dead, Delay: delay,
+	})
 	switch {
 	case perr != nil:
 		w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", perr)
@@ -347,7 +321,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 			return outError
 		}
 	case !applied:
-		st, err := w.rowState(ctx, w.pool, t)
+		st, err := w.store.Row(ctx, w.pool, t.Queue, t.ID)
 		if err != nil {
 			w.log.Error("worker: reading the outbox row failed", "queue", t.Queue, "id", t.ID, "err", err)
 			r.hbOff()
@@ -377,7 +351,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	if redisDead {
 		// Redis counted the attempts out (the task's limit changed under us):
 		// mirror it into Postgres.
-		if _, err := w.ob.RecordFailure(ctx, w.pool, t.Queue, t.ID, t.Version, t.Attempt, msg, true); err != nil {
+		if _, err := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{Key: key, Attempt: t.Attempt, Err: msg, Dead: true}); err != nil {
 			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
 		w.stats.dead.Add(1)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -64,7 +65,7 @@ type Worker struct {
 	cfg  Config
 	log  *slog.Logger
 
-	sqlState, sqlClearPayload, sqlGuard, sqlGuardAlone string
+	store *taskstate.Store // the outbox's transitions
 
 	stats   counters
 	metrics *metrics
@@ -126,40 +127,14 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (
 	}
 	return &Worker{
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
-		sqlState:        fmt.Sprintf(sqlState, ob.Table()),
-		sqlClearPayload: fmt.Sprintf(sqlClearPayload, ob.Table()),
-		sqlGuard:        fmt.Sprintf(sqlGuard, ob.Table(), ob.Config().ClearPayloadOnDone),
-		sqlGuardAlone:   fmt.Sprintf(sqlGuardAlone, ob.Table(), ob.Config().ClearPayloadOnDone),
-		metrics:         m,
-		queues:          make(map[string]*queue),
+		store: taskstate.New(taskstate.Config{
+			Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel,
+			NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
+		}),
+		metrics: m,
+		queues:  make(map[string]*queue),
 	}, nil
 }
-
-// SQL of the worker. %s is the outbox table.
-const (
-	// The completion guard of a transactional run (outbox.MarkDone's, for one
-	// round trip): $1 queue, $2 task_id, $3 version, $4 clear the payload; the
-	// second %s is the outbox's ClearPayloadOnDone. It goes to Postgres together
-	// with the COMMIT. When it matches no row (a finished task, another version)
-	// it divides by zero: the error aborts the transaction, so the COMMIT queued
-	// behind it cannot commit the handler's writes.
-	sqlGuard = `WITH done AS (` + sqlGuardAlone + `
-	RETURNING 1
-)
-SELECT 1 / count(*) FROM done`
-	// The guard alone, for a run whose handler wrote nothing: it commits on its own,
-	// and the worker reads the refusal from the count of updated rows.
-	sqlGuardAlone = `
-	UPDATE %[1]s
-	SET state = 'done', done_at = statement_timestamp(),
-	    payload = CASE WHEN $4::boolean OR %[2]t THEN ''::bytea ELSE payload END
-	WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`
-
-	// $1 queue, $2 task_id. Why the guard refused: the row's state and version now.
-	sqlState = `SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`
-	// $1 queue, $2 task_id. Run after MarkDone applied, in its transaction.
-	sqlClearPayload = `UPDATE %s SET payload = ''::bytea WHERE queue = $1 AND task_id = $2 AND state = 'done'`
-)
 
 // Config returns the effective configuration (defaults applied).
 func (w *Worker) Config() Config { return w.cfg }

@@ -1,4 +1,4 @@
-package relay
+package taskstate
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/delayq/delayq/internal/testenv"
 )
 
-// The relay's statements are served by the outbox's partial indexes, not by
+// The statements of the hot paths are served by the outbox's partial indexes, not by
 // reading the table: checked with EXPLAIN on a table of 20,000 rows, most of them
 // finished, as in production.
 func TestQueriesUseIndexes(t *testing.T) {
@@ -31,7 +31,7 @@ FROM generate_series(1, 20000) AS i`)
 	if _, err := pool.Exec(ctx, `ANALYZE delayq_outbox`); err != nil {
 		t.Fatal(err)
 	}
-	st := newStatements(`"public"."delayq_outbox"`)
+	st := NewStatements(Config{Schema: "public", NotifyChannel: "delayq_outbox"})
 	hour := time.Hour.Microseconds()
 	// The ctids of 100 pending rows, as a round holds them. (For a round of 1000
 	// the planner rightly reads this small table whole; on a table of millions it
@@ -50,14 +50,16 @@ FROM generate_series(1, 20000) AS i`)
 		args      []any
 		index     string
 	}{
-		{"take due", st.takeDue, []any{hour, 1000}, "delayq_outbox_pending_run_at_idx"},
-		{"take due by ctid", st.takeDue, []any{hour, 1000}, "Tid Scan"},
-		{"take due of queues", st.takeDueQueues, []any{hour, 1000, []string{"q1", "q2"}}, "delayq_outbox_pending_run_at_idx"},
-		{"next due", st.nextDue, nil, "delayq_outbox_pending_run_at_idx"},
-		{"queues", st.queues, nil, "delayq_outbox_queued_idx"},
-		{"depth", st.depthLive, nil, "delayq_outbox_queued_idx"},
-		{"mark invalid", st.markInvalid, []any{tids, errs}, "Tid Scan"},
-		{"prune", st.prune, []any{(7 * 24 * time.Hour).Microseconds(), 1000}, "delayq_outbox_done_at_idx"},
+		{"take due", st.TakeDue, []any{hour, 1000}, "delayq_outbox_pending_run_at_idx"},
+		{"take due, rescheduled rows", st.TakeDue, []any{hour, 1000}, "delayq_outbox_revoke_idx"},
+		{"take due by ctid", st.TakeDue, []any{hour, 1000}, "Tid Scan"},
+		{"take due of queues", st.TakeDueQueues, []any{hour, 1000, []string{"q1", "q2"}}, "delayq_outbox_pending_run_at_idx"},
+		{"next due", st.NextDue, nil, "delayq_outbox_pending_run_at_idx"},
+		{"queues", st.QueuedQueues, nil, "delayq_outbox_queued_idx"},
+		{"depth", st.DepthLive, nil, "delayq_outbox_queued_idx"},
+		{"mark invalid", st.MarkInvalid, []any{tids, errs}, "Tid Scan"},
+		{"prune", st.Prune, []any{(7 * 24 * time.Hour).Microseconds(), 1000}, "delayq_outbox_done_at_idx"},
+		{"retry dead", st.RetryDead, []any{[]string{"q1"}, []string{"t52"}, 1000}, "delayq_outbox_pkey"},
 	} {
 		rows, err := pool.Query(ctx, "EXPLAIN "+tc.sql, tc.args...)
 		if err != nil {

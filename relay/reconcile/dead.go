@@ -35,7 +35,7 @@ func ListDead(ctx context.Context, db DB, opts Options, limit int) ([]DeadTask, 
 	if limit < 1 {
 		return nil, fmt.Errorf("%w: limit %d: at least 1", ErrInvalidOptions, limit)
 	}
-	rows, err := db.Query(ctx, st.listDead, nonNil(o.Queues), limit)
+	rows, err := db.Query(ctx, st.ListDead, nonNil(o.Queues), limit)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: list dead: %w", err)
 	}
@@ -54,17 +54,18 @@ func ListDead(ctx context.Context, db DB, opts Options, limit int) ([]DeadTask, 
 	return out, nil
 }
 
-// RetryDead gives the dead task queue/id a new life: in one transaction its outbox
-// row becomes queued again with attempt 0 and run time now (its version and last
-// error stay), and Redis gets the task ready now with its runs reset, whatever Redis
-// held for it (delayq's RequeueDead, also when Redis lost the task). It returns an
-// error wrapping ErrNotFound (no row) or ErrNotDead.
-func RetryDead(ctx context.Context, db DB, dq *delayq.Client, opts Options, queue, id string) error {
+// RetryDead gives the dead task queue/id a new life: its outbox row becomes pending
+// again as a new version, due now, with attempt 0 (its last error stays until the
+// next run). Postgres alone, in one statement that notifies the relay at commit: the
+// relay moves the new version, and its enqueue replaces the dead record of the older
+// one in Redis (or finds none, after a Redis loss). It returns an error wrapping
+// ErrNotFound (no row) or ErrNotDead.
+func RetryDead(ctx context.Context, db DB, opts Options, queue, id string) error {
 	if err := errors.Join(validate.Queue(queue), validate.TaskID(id)); err != nil {
 		return fmt.Errorf("reconcile: retry dead: %w", err)
 	}
 	opts.Queues = []string{queue}
-	n, err := deadBatches(ctx, db, dq, opts, true, []string{id})
+	n, err := retryDead(ctx, db, opts, []string{id})
 	if err != nil || n == 1 {
 		return err
 	}
@@ -73,15 +74,17 @@ func RetryDead(ctx context.Context, db DB, dq *delayq.Client, opts Options, queu
 
 // RetryAllDead is RetryDead for every dead task of Options.Queues (nil: all
 // queues), in batches of Options.BatchSize. It returns how many it retried.
-func RetryAllDead(ctx context.Context, db DB, dq *delayq.Client, opts Options) (int, error) {
-	return deadBatches(ctx, db, dq, opts, true, nil)
+func RetryAllDead(ctx context.Context, db DB, opts Options) (int, error) {
+	return retryDead(ctx, db, opts, nil)
 }
 
 // PurgeDead deletes every dead task of Options.Queues (nil: all queues) from the
-// outbox and from Redis, in batches of Options.BatchSize, and returns how many.
-// Their ids become free: an enqueue of the same id is a new task.
+// outbox, then from Redis, in batches of Options.BatchSize, and returns how many.
+// Their ids become free: an enqueue of the same id is a new task. A row whose
+// queue or id could never be a Redis key (written by hand, or by an older version)
+// is deleted from the outbox and logged; it has nothing in Redis to remove.
 func PurgeDead(ctx context.Context, db DB, dq *delayq.Client, opts Options) (int, error) {
-	return deadBatches(ctx, db, dq, opts, false, nil)
+	return purgeDead(ctx, db, dq, opts, nil)
 }
 
 // PurgeDeadTask deletes the dead task queue/id from both stores. It returns an
@@ -91,7 +94,7 @@ func PurgeDeadTask(ctx context.Context, db DB, dq *delayq.Client, opts Options, 
 		return fmt.Errorf("reconcile: purge dead: %w", err)
 	}
 	opts.Queues = []string{queue}
-	n, err := deadBatches(ctx, db, dq, opts, false, []string{id})
+	n, err := purgeDead(ctx, db, dq, opts, []string{id})
 	if err != nil || n == 1 {
 		return err
 	}
@@ -104,7 +107,7 @@ func explainNotDead(ctx context.Context, db DB, opts Options, op, queue, id stri
 		return err
 	}
 	var state string
-	err = db.QueryRow(ctx, fmt.Sprintf("SELECT state FROM (%s) AS r", st.lookup), queue, []string{id}).Scan(&state)
+	err = db.QueryRow(ctx, fmt.Sprintf("SELECT state FROM (%s) AS r", st.Lookup), queue, []string{id}).Scan(&state)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("reconcile: %s dead %s/%s: %w", op, queue, id, ErrNotFound)
@@ -116,69 +119,29 @@ func explainNotDead(ctx context.Context, db DB, opts Options, op, queue, id stri
 	return fmt.Errorf("reconcile: %s dead %s/%s: %w (state %s)", op, queue, id, ErrNotDead, state)
 }
 
-// deadBatches retries (retry) or purges the dead rows of opts.Queues, only ids when
-// given, a batch per transaction; Redis is rewritten while the rows are locked.
-func deadBatches(ctx context.Context, db DB, dq *delayq.Client, opts Options, retry bool, ids []string) (int, error) {
-	if db == nil || dq == nil {
-		return 0, fmt.Errorf("%w: nil database or Redis client", ErrInvalidOptions)
+// retryDead retries the dead rows of opts.Queues (only ids, when given), a batch
+// per statement.
+func retryDead(ctx context.Context, db DB, opts Options, ids []string) (int, error) {
+	if db == nil {
+		return 0, fmt.Errorf("%w: nil database", ErrInvalidOptions)
 	}
 	o, st, err := opts.prepare()
 	if err != nil {
 		return 0, err
 	}
-	sql, what := st.purgeDead, "purge dead"
-	if retry {
-		sql, what = st.retryDead, "retry dead"
-	}
 	total := 0
 	for {
-		n, err := func() (int, error) {
-			tx, err := db.Begin(ctx)
-			if err != nil {
-				return 0, err
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-			rows, err := tx.Query(ctx, sql, nonNil(o.Queues), nonNil(ids), o.BatchSize)
-			if err != nil {
-				return 0, err
-			}
-			byQueue := map[string][]delayq.Task{}
-			var order []string
-			n := 0
-			var q string
-			var t delayq.Task
-			var runAt time.Time
-			scan := []any{&q, &t.ID}
-			if retry {
-				scan = append(scan, &t.Version, &t.MaxAttempts, &t.Payload, &runAt)
-			}
-			_, err = pgx.ForEachRow(rows, scan, func() error {
-				if _, ok := byQueue[q]; !ok {
-					order = append(order, q)
-				}
-				// RunAt stays zero: ready now by the Redis clock.
-				byQueue[q] = append(byQueue[q], delayq.Task{ID: t.ID, Payload: t.Payload,
-					MaxAttempts: t.MaxAttempts, Version: t.Version})
-				n++
-				return nil
-			})
-			if err != nil {
-				return 0, err
-			}
-			for _, q := range order {
-				op := delayq.RepairRemove
-				if retry {
-					op = delayq.RepairRestore
-				}
-				if err := forceRepair(ctx, dq, q, op, byQueue[q]); err != nil {
-					return 0, err
-				}
-			}
-			return n, tx.Commit(ctx)
-		}()
+		rows, err := db.Query(ctx, st.RetryDead, nonNil(o.Queues), nonNil(ids), o.BatchSize)
 		if err != nil {
-			return total, fmt.Errorf("reconcile: %s: %w", what, err)
+			return total, fmt.Errorf("reconcile: retry dead: %w", err)
 		}
+		var q, id string
+		var notified int64
+		tag, err := pgx.ForEachRow(rows, []any{&q, &id, &notified}, func() error { return nil })
+		if err != nil {
+			return total, fmt.Errorf("reconcile: retry dead: %w", err)
+		}
+		n := int(tag.RowsAffected())
 		total += n
 		if n < o.BatchSize || ids != nil {
 			return total, nil
@@ -186,9 +149,68 @@ func deadBatches(ctx context.Context, db DB, dq *delayq.Client, opts Options, re
 	}
 }
 
-// forceRepair applies op to every task whatever Redis holds for it, probing again
-// the few that change between the probe and the repair.
-func forceRepair(ctx context.Context, dq *delayq.Client, q string, op delayq.RepairOp, tasks []delayq.Task) error {
+// purgeDead deletes the dead rows of opts.Queues (only ids, when given), a batch
+// per statement, each batch committed before its Redis records are removed.
+func purgeDead(ctx context.Context, db DB, dq *delayq.Client, opts Options, ids []string) (int, error) {
+	if db == nil || dq == nil {
+		return 0, fmt.Errorf("%w: nil database or Redis client", ErrInvalidOptions)
+	}
+	o, st, err := opts.prepare()
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for {
+		rows, err := db.Query(ctx, st.PurgeDead, nonNil(o.Queues), nonNil(ids), o.BatchSize)
+		if err != nil {
+			return total, fmt.Errorf("reconcile: purge dead: %w", err)
+		}
+		byQueue := map[string][]delayq.Task{}
+		var order []string
+		var q string
+		var t delayq.Task
+		tag, err := pgx.ForEachRow(rows, []any{&q, &t.ID, &t.Version}, func() error {
+			if _, ok := byQueue[q]; !ok {
+				order = append(order, q)
+			}
+			byQueue[q] = append(byQueue[q], delayq.Task{ID: t.ID, Version: t.Version})
+			return nil
+		})
+		if err != nil {
+			return total, fmt.Errorf("reconcile: purge dead: %w", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		// Committed: now Redis, queue by queue. A queue or id Redis cannot hold
+		// has nothing there; it is logged and the others go on.
+		for _, q := range order {
+			tasks := byQueue[q]
+			if err := validate.Queue(q); err != nil {
+				o.Logger.Warn("reconcile: purged dead rows of a queue Redis cannot hold", "queue", q, "rows", len(tasks), "err", err)
+				continue
+			}
+			valid := tasks[:0]
+			for _, t := range tasks {
+				if err := validate.TaskID(t.ID); err != nil {
+					o.Logger.Warn("reconcile: purged a dead row whose id Redis cannot hold", "queue", q, "err", err)
+					continue
+				}
+				valid = append(valid, t)
+			}
+			if err := removeVersions(ctx, dq, q, valid); err != nil {
+				return total, fmt.Errorf("reconcile: purge dead: rows deleted, Redis not cleaned (check and reconcile repair it): %w", err)
+			}
+		}
+		if n < o.BatchSize || ids != nil {
+			return total, nil
+		}
+	}
+}
+
+// removeVersions removes from Redis what it holds of each task at the task's version
+// or an older one, probing again the few that change between the probe and the
+// removal; a newer version (the id enqueued again meanwhile) is left alone.
+func removeVersions(ctx context.Context, dq *delayq.Client, q string, tasks []delayq.Task) error {
 	for start := 0; start < len(tasks); start += 1000 {
 		todo := tasks[start:min(start+1000, len(tasks))]
 		for round := 0; len(todo) > 0; round++ {
@@ -203,9 +225,18 @@ func forceRepair(ctx context.Context, dq *delayq.Client, q string, op delayq.Rep
 			if err != nil {
 				return err
 			}
-			repairs := make([]delayq.Repair, len(todo))
+			var repairs []delayq.Repair
+			var asked []delayq.Task
 			for i, t := range todo {
-				repairs[i] = delayq.Repair{Op: op, ID: t.ID, Fingerprint: probes[i].Fingerprint, Task: t}
+				p := probes[i]
+				if p.State == delayq.StateMissing && !p.InReady && !p.InActive && !p.InDead || p.Version > t.Version {
+					continue
+				}
+				repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: t.ID, Fingerprint: p.Fingerprint})
+				asked = append(asked, t)
+			}
+			if len(repairs) == 0 {
+				break
 			}
 			applied, err := dq.RepairIf(ctx, q, repairs...)
 			if err != nil {
@@ -214,7 +245,7 @@ func forceRepair(ctx context.Context, dq *delayq.Client, q string, op delayq.Rep
 			var again []delayq.Task
 			for i, ok := range applied {
 				if !ok {
-					again = append(again, todo[i])
+					again = append(again, asked[i])
 				}
 			}
 			todo = again

@@ -44,28 +44,35 @@ func TestDeadLetters(t *testing.T) {
 		t.Errorf("ListDead(q, 2): %+v", qOnly)
 	}
 
-	// Retry one: queued with attempt 0 in Postgres, ready now with no runs in Redis.
-	if err := RetryDead(ctx, b.pool, b.dq, Options{}, "q", "d1"); err != nil {
+	// Retry one: a new version, pending with attempt 0, in Postgres only (Postgres
+	// commits first); the relay's move replaces the dead copy in Redis.
+	if err := RetryDead(ctx, b.pool, Options{}, "q", "d1"); err != nil {
 		t.Fatal(err)
 	}
-	if st, att, ver := b.state(t, "q", "d1"); st != stateQueued || att != 0 || ver != 2 {
-		t.Errorf("d1 in Postgres: %s attempt %d v%d", st, att, ver)
+	if st, att, ver := b.state(t, "q", "d1"); st != statePending || att != 0 || ver != 3 {
+		t.Errorf("d1 in Postgres: %s attempt %d v%d, want pending attempt 0 v3", st, att, ver)
 	}
-	if p := b.probe(t, "q", "d1"); p.State != delayq.StateReady || p.Attempt != 0 || p.Version != 2 || !p.Consistent() ||
+	if p := b.probe(t, "q", "d1"); p.State != delayq.StateDead || p.Version != 2 {
+		t.Errorf("d1 in Redis before the relay: %+v, want the dead copy of v2 untouched", p)
+	}
+	if _, err := b.relayOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := b.probe(t, "q", "d1"); p.State != delayq.StateReady || p.Attempt != 0 || p.Version != 3 || !p.Consistent() ||
 		p.ReadyScore.After(b.redisNow(t)) {
-		t.Errorf("d1 in Redis: %+v", p)
+		t.Errorf("d1 in Redis after the relay: %+v, want ready now at v3", p)
 	}
 	for _, c := range []struct {
 		q, id string
 		want  error
 	}{{"q", "d1", ErrNotDead}, {"q", "alive", ErrNotDead}, {"q", "nope", ErrNotFound}, {"q", "a{b", delayq.ErrInvalidTaskID}} {
-		if err := RetryDead(ctx, b.pool, b.dq, Options{}, c.q, c.id); !errors.Is(err, c.want) {
+		if err := RetryDead(ctx, b.pool, Options{}, c.q, c.id); !errors.Is(err, c.want) {
 			t.Errorf("RetryDead(%s/%s): %v, want %v", c.q, c.id, err, c.want)
 		}
 	}
 
 	// Retry the rest of q (d3 has no Redis task: it gets one).
-	n, err := RetryAllDead(ctx, b.pool, b.dq, Options{Queues: []string{"q"}, BatchSize: 1})
+	n, err := RetryAllDead(ctx, b.pool, Options{Queues: []string{"q"}, BatchSize: 1})
 	if err != nil || n != 2 {
 		t.Fatalf("RetryAllDead: %d, %v", n, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -29,6 +30,7 @@ type testBundle struct {
 	ob     *outbox.Client
 	prefix string
 	table  string
+	guard  *taskstate.Store // the worker's completion guard
 }
 
 // setup gives a test its own database and, on the shared Redis, a prefix of its own.
@@ -61,7 +63,8 @@ func newBundle(t *testing.T, pool *pgxpool.Pool, rdb *redis.Client, prefix strin
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (queue text NOT NULL, task_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return testBundle{pool: pool, rdb: rdb, dq: dq, ob: ob, prefix: prefix, table: ob.Table()}
+	return testBundle{pool: pool, rdb: rdb, dq: dq, ob: ob, prefix: prefix, table: ob.Table(),
+		guard: taskstate.New(taskstate.Config{Schema: ob.Config().Schema})}
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -327,7 +330,7 @@ func (b testBundle) workOnce(ctx context.Context, q string, r *runs) (int, error
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	for _, ct := range cl.Tasks {
 		r.add(ct)
-		applied, err := b.ob.MarkDone(ctx, tx, q, ct.ID, ct.Version)
+		applied, err := b.guard.MarkDone(ctx, tx, taskstate.Key{Queue: q, ID: ct.ID, Version: ct.Version}, false)
 		if err != nil {
 			return 0, err
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -28,6 +29,9 @@ type Options struct {
 	Queues []string
 	// Schema holds the outbox table. Default "public".
 	Schema string
+	// NotifyChannel is the channel a dead retry wakes the relay on; it must be the
+	// relay's. Default "delayq_outbox".
+	NotifyChannel string
 	// DryRun makes Reconcile report what it would repair without changing anything.
 	DryRun bool
 	// BatchSize is how many rows, or Redis ids, one step reads and repairs.
@@ -55,6 +59,9 @@ type Options struct {
 func (o Options) WithDefaults() Options {
 	if o.Schema == "" {
 		o.Schema = outbox.DefaultSchema
+	}
+	if o.NotifyChannel == "" {
+		o.NotifyChannel = outbox.DefaultNotifyChannel
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 500
@@ -96,16 +103,16 @@ func (o Options) Validate() error {
 }
 
 // prepare applies the defaults, validates and builds the statements.
-func (o Options) prepare() (Options, statements, error) {
+func (o Options) prepare() (Options, taskstate.Statements, error) {
 	o = o.WithDefaults()
 	if err := o.validate(); err != nil {
-		return o, statements{}, err
+		return o, taskstate.Statements{}, err
 	}
-	ob, err := outbox.New(outbox.Config{Schema: o.Schema})
+	ob, err := outbox.New(outbox.Config{Schema: o.Schema, NotifyChannel: o.NotifyChannel})
 	if err != nil {
-		return o, statements{}, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		return o, taskstate.Statements{}, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
-	return o, newStatements(ob.Table()), nil
+	return o, taskstate.NewStatements(taskstate.Config{Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel}), nil
 }
 
 // Progress is what Options.Progress gets after each step.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -103,7 +104,7 @@ type engine struct {
 	db  DB
 	dq  *delayq.Client
 	o   Options
-	st  statements
+	st  taskstate.Statements
 	rep *Report
 	// found, when set, gets every inconsistency (Check).
 	found func(queue, id string, r *row, p *delayq.Probe, k Kind)
@@ -151,14 +152,14 @@ func (e *engine) run(ctx context.Context) error {
 }
 
 // queuesOf returns the queues asked for, or every queue of the outbox and of Redis.
-func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st statements, asked []string) ([]string, error) {
+func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st taskstate.Statements, asked []string) ([]string, error) {
 	seen := map[string]bool{}
 	if asked != nil {
 		for _, q := range asked {
 			seen[q] = true
 		}
 	} else {
-		rows, err := db.Query(ctx, st.queues)
+		rows, err := db.Query(ctx, st.AllQueues)
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: list queues: %w", err)
 		}
@@ -196,13 +197,13 @@ func (e *engine) progress(q, phase string, done, total int) {
 func (e *engine) walkPostgres(ctx context.Context, q string) error {
 	total := 0
 	if e.o.Progress != nil {
-		if err := e.db.QueryRow(ctx, e.st.count, q).Scan(&total); err != nil {
+		if err := e.db.QueryRow(ctx, e.st.CountQueue, q).Scan(&total); err != nil {
 			return fmt.Errorf("reconcile: count %s: %w", q, err)
 		}
 	}
 	after, done := "", 0
 	for {
-		rows, err := e.db.Query(ctx, e.st.page, q, after, e.o.BatchSize)
+		rows, err := e.db.Query(ctx, e.st.Page, q, after, e.o.BatchSize)
 		if err != nil {
 			return fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
@@ -276,7 +277,7 @@ func (e *engine) walkRedis(ctx context.Context, q string) error {
 		}
 		ids := batch
 		batch, inBatch = nil, map[string]bool{}
-		rows, err := e.db.Query(ctx, e.st.exists, q, ids)
+		rows, err := e.db.Query(ctx, e.st.Exists, q, ids)
 		if err != nil {
 			return fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
@@ -353,7 +354,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 		return fmt.Errorf("reconcile: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	locked, err := e.readRows(ctx, tx, e.st.lock, q, ids)
+	locked, err := e.readRows(ctx, tx, e.st.Lock, q, ids)
 	if err != nil {
 		return err
 	}
@@ -365,7 +366,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	}
 	busy := map[string]bool{}
 	if len(rest) > 0 {
-		rows, err := tx.Query(ctx, e.st.exists, q, rest)
+		rows, err := tx.Query(ctx, e.st.Exists, q, rest)
 		if err != nil {
 			return fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
@@ -434,7 +435,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	}
 	// A task removed for want of a row whose row appeared meanwhile (an enqueue and
 	// a relay raced the removal) is put back.
-	now2, err := e.readRows(ctx, e.db, e.st.lookup, q, absentRemoved)
+	now2, err := e.readRows(ctx, e.db, e.st.Lookup, q, absentRemoved)
 	if err != nil {
 		return err
 	}
@@ -452,7 +453,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 
 // verify is settle for a dry run: read both sides again, report, change nothing.
 func (e *engine) verify(ctx context.Context, q string, ids []string) error {
-	rows, err := e.readRows(ctx, e.db, e.st.lookup, q, ids)
+	rows, err := e.readRows(ctx, e.db, e.st.Lookup, q, ids)
 	if err != nil {
 		return err
 	}
@@ -495,7 +496,7 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// readRows runs a statement that selects rowColumns of queue q's ids.
+// readRows runs a statement that selects taskstate.RowColumns of queue q's ids.
 func (e *engine) readRows(ctx context.Context, db querier, sql, q string, ids []string) (map[string]*row, error) {
 	rows, err := db.Query(ctx, sql, q, ids)
 	if err != nil {

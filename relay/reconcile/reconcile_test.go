@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -541,14 +542,14 @@ func TestReconcileNeverRevivesACompletedTask(t *testing.T) {
 		if !slices.Equal(ids, []string{"a", "b"}) {
 			t.Errorf("candidates %v", ids)
 		}
-		if ok, err := b.ob.MarkDone(ctx, b.pool, "q", "a", 1); err != nil || !ok {
+		if ok, err := b.guard.MarkDone(ctx, b.pool, taskstate.Key{Queue: "q", ID: "a", Version: 1}, false); err != nil || !ok {
 			t.Errorf("MarkDone a: %v %v", ok, err)
 		}
 		tx, err := b.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := b.ob.MarkDone(ctx, tx, "q", "b", 1); err != nil || !ok {
+		if ok, err := b.guard.MarkDone(ctx, tx, taskstate.Key{Queue: "q", ID: "b", Version: 1}, false); err != nil || !ok {
 			t.Errorf("MarkDone b: %v %v", ok, err)
 		}
 		lockTx = func() { _ = tx.Commit(ctx) }

@@ -61,10 +61,10 @@ func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Queue
 		}
 		byQueue[q] = &out[i]
 	}
-	counts, lag := st.stateCounts, st.pendingLag
+	counts, lag := st.StateCounts, st.PendingLag
 	var args []any
 	if o.Queues != nil {
-		counts, lag, args = st.stateCountsQueues, st.pendingLagQueues, []any{qs}
+		counts, lag, args = st.StateCountsSome, st.PendingLagSome, []any{qs}
 	}
 	rows, err := db.Query(ctx, counts, args...)
 	if err != nil {

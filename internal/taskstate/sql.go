@@ -1,0 +1,366 @@
+package taskstate
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config names the outbox table and the options its statements depend on. The
+// public packages validate these before they get here.
+type Config struct {
+	// Schema holds the outbox table (a validated plain identifier).
+	Schema string
+	// NotifyChannel is the channel enqueues, reschedules and dead retries notify.
+	NotifyChannel string
+	// NotifyWithin: only tasks due that soon notify at commit (-1: all). Postgres
+	// serializes the commits of notifying transactions.
+	NotifyWithin time.Duration
+	// ClearPayloadOnDone empties the payload of done and cancelled rows.
+	ClearPayloadOnDone bool
+}
+
+// TableName is the outbox table, created by package migrations.
+const TableName = "delayq_outbox"
+
+// Table returns the quoted, schema-qualified table name.
+func (c Config) Table() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, TableName) }
+
+// Statements is every SQL statement on the outbox table, with the table and the
+// channel spliced in. Each field's comment gives its parameters; the transition a
+// statement makes is in Transitions.
+type Statements struct {
+	// Producer: Enqueue and EnqueueMany insert (enqueue), Cancel and Reschedule
+	// change live rows.
+	Enqueue, EnqueueMany, Cancel, Reschedule string
+
+	// Row reads one row's state, version and last error: why a guarded update
+	// found nothing.
+	Row string
+
+	// Worker: the completion guard in its three forms, the failure record, and the
+	// payload clearing of a done row.
+	Guard, GuardAbort, GuardMany, RecordFailure string
+
+	// Relay: the round (TakeDue), poison rows (MarkInvalid), the next due time,
+	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
+	// retention.
+	TakeDue, TakeDueQueues       string
+	MarkInvalid                  string
+	NextDue, NextDueQueues       string
+	QueuedQueues                 string
+	MarkDead                     string
+	DepthLive, DepthFinished     string
+	Prune                        string
+	StateCounts, StateCountsSome string
+	PendingLag, PendingLagSome   string
+
+	// Reconcile, check and the dead-letter tools.
+	AllQueues, CountQueue, Page, Exists, Lookup, Lock string
+	ListDead, RetryDead, PurgeDead                    string
+}
+
+// RowColumns are the columns Lookup and Lock return, in order.
+const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload`
+
+// NewStatements builds the statements for cfg.
+func NewStatements(cfg Config) Statements {
+	table := cfg.Table()
+	// notify is a scalar subquery the outer SELECT evaluates (once) when it emits its
+	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
+	// the relay hears it when the caller's transaction commits, and never if it rolls
+	// back. Postgres folds identical notifications of one transaction into one.
+	notify := func(queueExpr, from string) string {
+		return fmt.Sprintf(`(SELECT count(*) FROM (SELECT pg_notify('%s', %s) FROM %s) AS n)`,
+			cfg.NotifyChannel, queueExpr, from)
+	}
+	// Only rows due within cfg.NotifyWithin notify (soon is the condition on run_at).
+	soon := "true"
+	if cfg.NotifyWithin > 0 {
+		soon = fmt.Sprintf("run_at < statement_timestamp() + interval '%d microseconds'", cfg.NotifyWithin.Microseconds())
+	}
+	clear := "payload"
+	if cfg.ClearPayloadOnDone {
+		clear = "''::bytea"
+	}
+	// takeDue takes the batch of a round and marks it queued, in one statement:
+	// $1 horizon in µs, $2 limit. The index delayq_outbox_pending_run_at_idx
+	// serves the first inner SELECT in run_at order; the second takes the rows
+	// whose older version is in Redis (a queued task rescheduled: it has a
+	// queued_at), whatever their run_at, on delayq_outbox_revoke_idx, so the
+	// older version is replaced before it falls due. Rows locked by another relay
+	// are skipped, so relays side by side share the work. The rows it locked are
+	// updated by ctid (a TID scan) and returned. They are queued only if the round
+	// commits, after its Redis write; a round that fails rolls back, and the rows
+	// are pending again. (A row updated by someone else between the statement's
+	// snapshot and its lock is not returned, and waits for the next round.)
+	const takeDue = `UPDATE %[1]s
+SET state = 'queued', queued_at = now()
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
+	WHERE state = 'pending' AND run_at < now() + $1::bigint * interval '1 microsecond'%[2]s
+	ORDER BY run_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+) || ARRAY(
+	SELECT ctid FROM %[1]s
+	WHERE state = 'pending' AND queued_at IS NOT NULL AND run_at >= now() + $1::bigint * interval '1 microsecond'%[2]s
+	ORDER BY run_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+))
+RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version`
+	// nextDue tells when the next pending row falls due (NULL: none), on the
+	// database clock, and that clock.
+	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
+	// guard is the completion guard: $1 queue, $2 task_id, $3 version, $4 clear
+	// the payload.
+	guard := fmt.Sprintf(`UPDATE %s
+	SET state = 'done', done_at = statement_timestamp(),
+	    payload = CASE WHEN $4::boolean OR %t THEN ''::bytea ELSE payload END
+	WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table, cfg.ClearPayloadOnDone)
+	// Every dead row of the selection, $1 queues (empty: all), $2 task ids (empty:
+	// all), $3 limit, locked in key order.
+	const deadRows = `SELECT queue, task_id FROM %[1]s
+	WHERE state = 'dead'
+	  AND (cardinality($1::text[]) = 0 OR queue = ANY($1::text[]))
+	  AND (cardinality($2::text[]) = 0 OR task_id = ANY($2::text[]))
+	ORDER BY queue, task_id
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED`
+	return Statements{
+		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts.
+		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
+		// transaction goes on.
+		Enqueue: fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts)
+	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6)
+	ON CONFLICT (queue, task_id) DO NOTHING
+	RETURNING run_at
+)
+SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+") AS v")),
+
+		// Arrays, one element per task, duplicates within the batch already removed:
+		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
+		// interval of microseconds: added exactly, so the caller can tell the run_at
+		// from statement_timestamp()), $5 payload, $6 max_attempts.
+		//
+		// Rows are inserted in key order, so that two batches with common keys wait
+		// for each other instead of deadlocking: the caller sends the arrays sorted
+		// by (queue, task_id), bytewise, and the rows reach the INSERT in array
+		// order. The arrays are unnested in the select list (ProjectSet: one row per
+		// element, in step, streamed), and nothing between it and the INSERT can
+		// reorder rows (TestEnqueueManyPlan checks the plan). An ORDER BY would say
+		// the same in SQL but costs a sort node that copies every row, although it
+		// finds them sorted; unnest(...) in FROM would copy every array into a
+		// tuplestore first.
+		//
+		// The first row is the summary: the number inserted, statement_timestamp()
+		// (the base of every delay) and the notification count. Only when fewer were
+		// inserted than sent (duplicates of existing rows) one more row per inserted
+		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
+		// run (a one-time filter).
+		EnqueueMany: fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts)
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts
+	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
+	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
+	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts) AS u
+	ON CONFLICT (queue, task_id) DO NOTHING
+	RETURNING queue, task_id, run_at
+), c AS (
+	SELECT count(*) AS n FROM ins
+)
+SELECT c.n, statement_timestamp(), %s, ''::text, ''::text FROM c
+UNION ALL
+SELECT -1, statement_timestamp(), 0, queue, task_id FROM ins
+WHERE (SELECT n FROM c) < cardinality($2::text[])`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
+
+		// $1 queue, $2 task_id.
+		Cancel: fmt.Sprintf(`UPDATE %s
+SET state = 'cancelled', done_at = statement_timestamp(), payload = %s
+WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')`, table, clear),
+
+		// $1 queue, $2 task_id, $3 run_at. Back to pending with a new version: the relay
+		// puts it in Redis again, replacing the older version there, and a worker holding
+		// the older version cannot complete it. queued_at stays: a row whose older
+		// version is in Redis is moved by the relay at once, however far its run_at
+		// (TakeDue), and it notifies at commit whatever its run_at, so the older version
+		// is replaced within the relay's lag, not after a poll.
+		Reschedule: fmt.Sprintf(`WITH upd AS (
+	UPDATE %s
+	SET run_at = $3, state = 'pending', version = version + 1
+	WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')
+	RETURNING version, run_at, queued_at
+)
+SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHERE queued_at IS NOT NULL OR "+soon+") AS v")),
+
+		// $1 queue, $2 task_id.
+		Row: fmt.Sprintf(`SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`, table),
+
+		// The guard alone: it commits on its own, and the caller reads a refusal
+		// from the count of updated rows.
+		Guard: guard,
+
+		// The guard of a transactional run, sent together with the COMMIT. When it
+		// matches no row (a finished task, another version) it divides by zero: the
+		// error aborts the transaction, so the COMMIT queued behind it cannot commit
+		// the handler's writes (SQLSTATE 22012).
+		GuardAbort: `WITH done AS (` + guard + `
+	RETURNING 1
+)
+SELECT 1 / count(*) FROM done`,
+
+		// Arrays $1 queue, $2 task_id, $3 version, $4 clear the payload: the guard
+		// for many tasks in one statement. The rows are locked in key order first,
+		// so that two overlapping batches wait for each other instead of
+		// deadlocking. Returns the keys it marked done.
+		GuardMany: fmt.Sprintf(`WITH locked AS (
+	SELECT t.queue, t.task_id, k.clear
+	FROM %[1]s t
+	JOIN unnest($1::text[], $2::text[], $3::int[], $4::boolean[]) AS k(queue, task_id, version, clear)
+	  ON t.queue = k.queue AND t.task_id = k.task_id AND t.version = k.version
+	WHERE t.state IN ('pending', 'queued')
+	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
+	FOR UPDATE OF t
+)
+UPDATE %[1]s t
+SET state = 'done', done_at = statement_timestamp(),
+    payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
+FROM locked l
+WHERE t.queue = l.queue AND t.task_id = l.task_id
+RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone),
+
+		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
+		// $7 the delay before the next run in µs. A retry writes its next run time,
+		// so a Redis rebuilt from Postgres keeps the backoff.
+		RecordFailure: fmt.Sprintf(`UPDATE %s
+SET attempt = $4, last_error = $5,
+    state = CASE WHEN $6::boolean THEN 'dead' ELSE state END,
+    done_at = CASE WHEN $6::boolean THEN statement_timestamp() ELSE done_at END,
+    run_at = CASE WHEN $6::boolean THEN run_at ELSE statement_timestamp() + $7::bigint * interval '1 microsecond' END
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
+
+		TakeDue:       fmt.Sprintf(takeDue, table, ""),
+		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),
+		NextDue:       fmt.Sprintf(nextDue, table, ""),
+		NextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
+
+		// $1 ctids, $2 errors: rows of the round that Redis would refuse, by the
+		// ctids TakeDue returned; they wait for a person like any dead task.
+		MarkInvalid: fmt.Sprintf(`UPDATE %s
+SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now()
+WHERE ctid = ANY($1::tid[])`, table),
+
+		// $1 queues, $2 task ids, $3 versions, $4 attempts, $5 errors: tasks the
+		// reaper found out of attempts. The guard leaves finished rows and newer
+		// versions (a reschedule) alone. Returns the keys it marked dead.
+		MarkDead: fmt.Sprintf(`UPDATE %s AS o
+SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now()
+FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
+WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
+  AND o.state IN ('pending', 'queued')
+RETURNING o.queue, o.task_id`, table),
+
+		// The queues with queued rows, by a loose index scan of
+		// delayq_outbox_queued_idx: one index probe per queue, however many rows.
+		QueuedQueues: fmt.Sprintf(`WITH RECURSIVE q(queue) AS (
+	(SELECT queue FROM %[1]s WHERE state = 'queued' ORDER BY queue LIMIT 1)
+	UNION ALL
+	SELECT (SELECT o.queue FROM %[1]s AS o
+	        WHERE o.state = 'queued' AND o.queue > q.queue ORDER BY o.queue LIMIT 1)
+	FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL`, table),
+
+		// Counts over the two partial indexes.
+		DepthLive: fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s WHERE state = 'pending'),
+       (SELECT count(*) FROM %[1]s WHERE state = 'queued')`, table),
+		// Finished rows: all of them are read, so it runs less often, under a
+		// statement timeout.
+		DepthFinished: fmt.Sprintf(`SELECT state, count(*) FROM %s WHERE done_at IS NOT NULL GROUP BY state`, table),
+
+		// $1 retention in µs, $2 batch. One short statement (its own transaction)
+		// per batch: the rows are found in done_at order on
+		// delayq_outbox_done_at_idx, locked (rows locked by someone else are left for
+		// the next batch), and deleted by ctid, a TID scan; the locks keep the ctids
+		// valid until the delete.
+		Prune: fmt.Sprintf(`DELETE FROM %[1]s
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
+	WHERE done_at IS NOT NULL AND done_at < now() - $1::bigint * interval '1 microsecond'
+	  AND state IN ('done', 'cancelled')
+	ORDER BY done_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+))`, table),
+
+		StateCounts:     fmt.Sprintf(`SELECT queue, state, count(*) FROM %s GROUP BY queue, state`, table),
+		StateCountsSome: fmt.Sprintf(`SELECT queue, state, count(*) FROM %s WHERE queue = ANY($1::text[]) GROUP BY queue, state`, table),
+
+		// How long the oldest due pending row has waited for the relay, in seconds,
+		// on the database clock; over the partial index of pending rows.
+		PendingLag: fmt.Sprintf(`SELECT queue, extract(epoch FROM now() - min(run_at))::float8
+FROM %s WHERE state = 'pending' AND run_at <= now() GROUP BY queue`, table),
+		PendingLagSome: fmt.Sprintf(`SELECT queue, extract(epoch FROM now() - min(run_at))::float8
+FROM %s WHERE state = 'pending' AND run_at <= now() AND queue = ANY($1::text[]) GROUP BY queue`, table),
+
+		// Every queue of the outbox by a loose index scan of the primary key: one
+		// index probe per queue, however many rows.
+		AllQueues: fmt.Sprintf(`WITH RECURSIVE q(queue) AS (
+	(SELECT queue FROM %[1]s ORDER BY queue LIMIT 1)
+	UNION ALL
+	SELECT (SELECT o.queue FROM %[1]s AS o WHERE o.queue > q.queue ORDER BY o.queue LIMIT 1)
+	FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL`, table),
+
+		// $1 queue.
+		CountQueue: fmt.Sprintf(`SELECT count(*) FROM %s WHERE queue = $1`, table),
+
+		// $1 queue, $2 the last task id of the previous page ('' first), $3 limit.
+		// Keyset pagination on the primary key: each page is an index range scan.
+		Page: fmt.Sprintf(`SELECT task_id, state, version FROM %s
+WHERE queue = $1 AND task_id > $2
+ORDER BY task_id
+LIMIT $3`, table),
+
+		// $1 queue, $2 task ids: which of them have a row.
+		Exists: fmt.Sprintf(`SELECT task_id FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])`, table),
+
+		// $1 queue, $2 task ids.
+		Lookup: fmt.Sprintf(`SELECT %s FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])`, RowColumns, table),
+
+		// $1 queue, $2 task ids. Locks the rows for a repair, in key order; rows
+		// another transaction holds (a worker completing, a relay, a cancel) are
+		// skipped rather than waited for.
+		Lock: fmt.Sprintf(`SELECT %s FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])
+ORDER BY task_id
+FOR UPDATE SKIP LOCKED`, RowColumns, table),
+
+		// $1 queues (empty: all), $2 limit. Newest deaths first.
+		ListDead: fmt.Sprintf(`SELECT queue, task_id, attempt, max_attempts, coalesce(last_error, ''), done_at, version
+FROM %s
+WHERE state = 'dead' AND (cardinality($1::text[]) = 0 OR queue = ANY($1::text[]))
+ORDER BY done_at DESC NULLS LAST, queue, task_id
+LIMIT $2`, table),
+
+		// $1 queues (empty: all), $2 task ids (empty: all), $3 limit. Back to pending
+		// as a new version, due now, attempts reset; the relay moves it (notified at
+		// commit), and its enqueue replaces the dead record of the older version in
+		// Redis. Postgres alone: nothing to undo if the caller rolls back.
+		RetryDead: fmt.Sprintf(`WITH upd AS (
+	UPDATE %[1]s AS o
+	SET state = 'pending', attempt = 0, done_at = NULL, run_at = statement_timestamp(), version = o.version + 1
+	FROM (`+deadRows+`) AS d
+	WHERE o.queue = d.queue AND o.task_id = d.task_id
+	RETURNING o.queue, o.task_id
+)
+SELECT queue, task_id, %[2]s FROM upd`, table, notify("d.queue", "(SELECT DISTINCT queue FROM upd) AS d")),
+
+		// $1 queues (empty: all), $2 task ids (empty: all), $3 limit.
+		PurgeDead: fmt.Sprintf(`DELETE FROM %[1]s AS o
+USING (`+deadRows+`) AS d
+WHERE o.queue = d.queue AND o.task_id = d.task_id
+RETURNING o.queue, o.task_id, o.version`, table),
+	}
+}

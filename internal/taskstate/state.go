@@ -1,0 +1,125 @@
+// Package taskstate owns the outbox table and the states of a task: the typed
+// state, the table of every transition (who triggers it, its Postgres statement,
+// its Redis script, the order of the two writes, what happens to the version), and
+// every SQL statement on the outbox table. The producer API (outbox), the relay,
+// reconcile, the worker and the CLI run these statements; none writes SQL on the
+// outbox table of its own.
+//
+// The one write-order rule, for every transition (docs/DESIGN.md, "Write order"):
+// Postgres commits first; every Redis write that follows is keyed by the task's
+// version, idempotent, and repairable from Postgres. The relay's move is the one
+// write Redis gets before the commit, and it is made while the relay holds the
+// pending row locked, so the write is of a state Postgres has committed.
+package taskstate
+
+import "fmt"
+
+// State is the state of a task in the outbox, the column state.
+type State string
+
+// The states. pending and queued are live (the task still has to run); done, dead
+// and cancelled are finished. A finished row is kept for the retention (dead rows
+// until a person retries or purges them), then deleted.
+const (
+	// Pending: committed by the producer, not yet in Redis (or rescheduled, or
+	// retried from dead: a new version waits for the relay).
+	Pending State = "pending"
+	// Queued: the relay put this version in Redis.
+	Queued State = "queued"
+	// Done: a run's completion committed (for a transactional handler, together
+	// with its effect).
+	Done State = "done"
+	// Dead: out of attempts, told not to retry, or refused as invalid; it waits
+	// for a person.
+	Dead State = "dead"
+	// Cancelled by the producer before it finished.
+	Cancelled State = "cancelled"
+)
+
+// States lists every state, live ones first.
+var States = []State{Pending, Queued, Done, Dead, Cancelled}
+
+// Live reports whether the task still has to run: pending or queued.
+func (s State) Live() bool { return s == Pending || s == Queued }
+
+// Finished reports whether the task needs no run any more.
+func (s State) Finished() bool { return s == Done || s == Dead || s == Cancelled }
+
+// Parse reads a state from the database.
+func Parse(s string) (State, error) {
+	for _, st := range States {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	return "", fmt.Errorf("taskstate: unknown state %q", s)
+}
+
+// Actor is who triggers a transition.
+type Actor string
+
+// The actors.
+const (
+	Producer  Actor = "producer"  // the application, in its own transaction
+	Relay     Actor = "relay"     // the relay's round
+	Worker    Actor = "worker"    // a run's bookkeeping
+	Reaper    Actor = "reaper"    // the relay's reaper, on expired leases
+	Operator  Actor = "operator"  // a person, through the CLI or the dead-letter API
+	Retention Actor = "retention" // the relay's pruning of old finished rows
+)
+
+// Transition is one edge of the state machine.
+type Transition struct {
+	// Name is the transition's name, as docs/DESIGN.md and the model test use it.
+	Name string
+	From []State
+	// To is the state after it; "" means the row is deleted.
+	To State
+	By Actor
+	// Postgres names the statement (a field of Statements) that makes it.
+	Postgres string
+	// Redis names the script that follows it ("" for none: Redis learns of it
+	// later, by the relay or by a worker's refused guard).
+	Redis string
+	// Order says how the two writes are ordered.
+	Order string
+	// Version says what happens to the row's version.
+	Version string
+}
+
+// Write orders.
+const (
+	PostgresOnly        = "Postgres only"
+	PostgresThenRedis   = "Postgres commits, then Redis (keyed by version)"
+	RedisUnderRowLock   = "Redis while the pending row is locked, then commit"
+	RedisFirstThenGuard = "Redis decides, Postgres guarded by version, Redis follows Postgres"
+)
+
+// Transitions is the whole state machine. Any change of a row's state is one of
+// these; TestTransitionsDocumented checks that docs/DESIGN.md shows this table.
+var Transitions = []Transition{
+	{Name: "enqueue", From: nil, To: Pending, By: Producer,
+		Postgres: "Enqueue, EnqueueMany", Order: PostgresOnly, Version: "1"},
+	{Name: "relay", From: []State{Pending}, To: Queued, By: Relay,
+		Postgres: "TakeDue", Redis: "enqueue", Order: RedisUnderRowLock, Version: "kept"},
+	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
+		Postgres: "MarkInvalid", Order: PostgresOnly, Version: "kept"},
+	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
+		Postgres: "Guard, GuardAbort, GuardMany", Redis: "complete", Order: PostgresThenRedis, Version: "kept"},
+	{Name: "fail-retry", From: []State{Pending, Queued}, To: Queued, By: Worker,
+		Postgres: "RecordFailure", Redis: "retry", Order: PostgresThenRedis, Version: "kept"},
+	{Name: "fail-dead", From: []State{Pending, Queued}, To: Dead, By: Worker,
+		Postgres: "RecordFailure", Redis: "kill", Order: PostgresThenRedis, Version: "kept"},
+	{Name: "reap-dead", From: []State{Pending, Queued}, To: Dead, By: Reaper,
+		Postgres: "MarkDead", Redis: "reap, kill", Order: RedisFirstThenGuard, Version: "kept"},
+	{Name: "cancel", From: []State{Pending, Queued}, To: Cancelled, By: Producer,
+		Postgres: "Cancel", Order: PostgresOnly, Version: "kept"},
+	{Name: "reschedule", From: []State{Pending, Queued}, To: Pending, By: Producer,
+		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1"},
+	{Name: "dead-retry", From: []State{Dead}, To: Pending, By: Operator,
+		Postgres: "RetryDead", Order: PostgresOnly, Version: "+1"},
+	{Name: "dead-purge", From: []State{Dead}, To: "", By: Operator,
+		Postgres: "PurgeDead", Redis: "repair (remove)", Order: PostgresThenRedis, Version: "-"},
+	{Name: "prune", From: []State{Done, Cancelled}, To: "", By: Retention,
+		Postgres: "Prune", Order: PostgresOnly, Version: "-"},
+}

@@ -1,0 +1,175 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/delayq/delayq/internal/validate"
+)
+
+// ErrInvalidArgument reports a key or an attempt that no row can have; nothing was
+// sent.
+var ErrInvalidArgument = errors.New("taskstate: invalid argument")
+
+// Querier runs SQL: pgx.Tx, *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store runs the transitions of the outbox table whose logic is more than one
+// statement's. It holds no connection: every call takes the Querier to run on.
+type Store struct {
+	cfg Config
+	SQL Statements
+}
+
+// New returns a Store for cfg.
+func New(cfg Config) *Store { return &Store{cfg: cfg, SQL: NewStatements(cfg)} }
+
+// Config returns the configuration the statements were built with.
+func (s *Store) Config() Config { return s.cfg }
+
+// Table returns the quoted, schema-qualified outbox table.
+func (s *Store) Table() string { return s.cfg.Table() }
+
+// Key names one version of a task.
+type Key struct {
+	Queue, ID string
+	Version   int
+}
+
+// Completion is one run's completion, for MarkDoneMany.
+type Completion struct {
+	Key
+	// ClearPayload empties the payload of the done row (also when the outbox is
+	// not configured to).
+	ClearPayload bool
+}
+
+// RowState is a task's row as it is now.
+type RowState struct {
+	Exists    bool
+	State     State
+	Version   int
+	LastError string
+}
+
+// Finished reports whether the task needs no run any more: finished, or gone.
+func (r RowState) Finished() bool { return !r.Exists || r.State.Finished() }
+
+// Row reads the row of queue/id.
+func (s *Store) Row(ctx context.Context, q Querier, queue, id string) (RowState, error) {
+	var (
+		r  RowState
+		st string
+	)
+	err := q.QueryRow(ctx, s.SQL.Row, queue, id).Scan(&st, &r.Version, &r.LastError)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return RowState{}, nil
+	case err != nil:
+		return RowState{}, fmt.Errorf("read outbox row %s/%s: %w", queue, id, err)
+	}
+	r.Exists = true
+	if r.State, err = Parse(st); err != nil {
+		return RowState{}, err
+	}
+	return r, nil
+}
+
+// MarkDone is the completion guard on its own: it marks k done if, and only if, it is
+// still pending or queued at this version, and reports whether it did. In the
+// transaction of a handler's writes, false means: roll back.
+func (s *Store) MarkDone(ctx context.Context, q Querier, k Key, clearPayload bool) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	tag, err := q.Exec(ctx, s.SQL.Guard, k.Queue, k.ID, int32(k.Version), clearPayload)
+	if err != nil {
+		return false, fmt.Errorf("mark done %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// RefusedByGuard tells GuardAbort's refusal (its division by zero) from other errors.
+func RefusedByGuard(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22012" // division_by_zero
+}
+
+// MarkDoneMany is MarkDone for many tasks in one statement: applied[i] tells
+// whether done[i] was marked done.
+func (s *Store) MarkDoneMany(ctx context.Context, q Querier, done []Completion) (applied []bool, err error) {
+	n := len(done)
+	queues, ids, versions, clear := make([]string, n), make([]string, n), make([]int32, n), make([]bool, n)
+	index := make(map[[2]string]int, n)
+	for i, c := range done {
+		if err := checkKey(c.Key); err != nil {
+			return nil, err
+		}
+		queues[i], ids[i], versions[i], clear[i] = c.Queue, c.ID, int32(c.Version), c.ClearPayload
+		index[[2]string{c.Queue, c.ID}] = i
+	}
+	applied = make([]bool, n)
+	rows, err := q.Query(ctx, s.SQL.GuardMany, queues, ids, versions, clear)
+	if err != nil {
+		return nil, fmt.Errorf("mark done (%d tasks): %w", n, err)
+	}
+	var queue, id string
+	_, err = pgx.ForEachRow(rows, []any{&queue, &id}, func() error {
+		applied[index[[2]string{queue, id}]] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mark done (%d tasks): %w", n, err)
+	}
+	return applied, nil
+}
+
+// Failure is one failed run, for RecordFailure.
+type Failure struct {
+	Key
+	// Attempt is the run that failed (1 for the first).
+	Attempt int
+	// Err is the error; a summary of it is kept (validate.ErrorSummary).
+	Err string
+	// Dead makes the task dead; else it runs again after Delay.
+	Dead  bool
+	Delay time.Duration
+}
+
+// RecordFailure records a failed run: its attempt and error and, for a retry, the
+// time of the next run (so a Redis rebuilt from Postgres keeps the backoff); with
+// Dead, the task becomes dead. Like MarkDone it changes nothing, and returns false,
+// unless the task is still pending or queued at this version.
+func (s *Store) RecordFailure(ctx context.Context, q Querier, f Failure) (bool, error) {
+	if err := checkKey(f.Key); err != nil {
+		return false, err
+	}
+	if f.Attempt < 0 || f.Attempt > validate.MaxAttempts {
+		return false, fmt.Errorf("%w: record failure %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, f.Queue, f.ID, f.Attempt, validate.MaxAttempts)
+	}
+	tag, err := q.Exec(ctx, s.SQL.RecordFailure, f.Queue, f.ID, int32(f.Version), int32(f.Attempt),
+		validate.ErrorSummary(f.Err), f.Dead, max(f.Delay, 0).Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("record failure %s/%s: %w", f.Queue, f.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func checkKey(k Key) error {
+	if err := errors.Join(validate.Queue(k.Queue), validate.TaskID(k.ID)); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	if k.Version < 1 || k.Version > validate.MaxVersion {
+		return fmt.Errorf("%w: version %d outside 1..%d", ErrInvalidArgument, k.Version, validate.MaxVersion)
+	}
+	return nil
+}
