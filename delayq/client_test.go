@@ -32,14 +32,14 @@ func TestNewConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Config(); got.Prefix != "dq" || got.DoneRetention != 7*24*time.Hour || got.DefaultMaxAttempts != 25 {
+	if got := c.Config(); got.Prefix != "dq" || got.DoneRetention != -1 || got.DefaultMaxAttempts != 25 {
 		t.Errorf("defaults: %+v", got)
 	}
 }
 
 func TestEnqueueClaimComplete(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
+	b := setup(t, Config{DoneRetention: 7 * 24 * time.Hour})
 	ctx := ctxT(t)
 	now := redisNow(t, b.rdb)
 	st := b.enqueue(t,
@@ -154,7 +154,7 @@ func TestEnqueueDuplicate(t *testing.T) {
 // relay moves version 2. Version 2 must run, not be taken for a duplicate.
 func TestEnqueueReplacesDoneOlderVersion(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{})
+	b := setup(t, Config{DoneRetention: time.Hour})
 	ctx := ctxT(t)
 	b.enqueue(t, Task{ID: "v"})
 	cl := b.claim(t, 1, time.Minute)
@@ -256,8 +256,8 @@ func TestCompleteMany(t *testing.T) {
 	if n := b.rdb.ZCard(ctx, b.k.Active).Val(); n != 1 {
 		t.Errorf("active holds %d, want only the stale lease's task", n)
 	}
-	if ti := b.info(t, leases[1002].ID); ti.State != StateDone {
-		t.Errorf("last task (second call): %+v", ti)
+	if ti := b.info(t, leases[1002].ID); ti.State != StateMissing {
+		t.Errorf("last task (second call): %+v, want deleted (no done retention by default)", ti)
 	}
 }
 

@@ -14,12 +14,13 @@ type Config struct {
 	// Prefix starts every key. Default "dq". 1..64 bytes of [A-Za-z0-9_.:-].
 	Prefix string
 
-	// DoneRetention is how long a completed task's hash stays as the dedupe record
-	// (status done, payload removed): an enqueue of the same id within it is a
-	// duplicate. Default 7 days. -1 deletes the hash at completion. Each record
-	// takes about 144 B of Redis memory. Tasks that reach Redis only through the
-	// outbox's relay do not need it: the relay moves only pending rows, so -1 keeps
-	// every guarantee there.
+	// DoneRetention is how long a completed task's hash stays as a dedupe record
+	// (status done, payload removed), so that a direct Enqueue of the same id within
+	// it is a duplicate. Default -1: the hash is deleted when the task is
+	// acknowledged, and a finished task takes no Redis memory. Tasks that reach
+	// Redis through the outbox and the relay need no record (Postgres is their
+	// dedupe: the relay moves only pending rows, under their lock). Set a duration
+	// only for tasks enqueued into Redis directly; each record takes about 144 B.
 	DoneRetention time.Duration
 
 	// DefaultMaxAttempts applies to tasks enqueued with MaxAttempts 0. Default 25.
@@ -55,7 +56,7 @@ func (c Config) WithDefaults() Config {
 		c.Prefix = DefaultPrefix
 	}
 	if c.DoneRetention == 0 {
-		c.DoneRetention = 7 * 24 * time.Hour
+		c.DoneRetention = -1
 	}
 	if c.DefaultMaxAttempts == 0 {
 		c.DefaultMaxAttempts = 25

@@ -41,9 +41,16 @@
 //
 // The task hash is the Redis dedupe record: Enqueue of an id whose hash exists is a
 // Duplicate, for as long as the task is ready, active or dead, and for
-// Config.DoneRetention after it is done. An enqueue with a higher outbox version
-// replaces a task that is still ready or active (Reschedule). Postgres remains the
-// durable dedupe source.
+// Config.DoneRetention after it is done (by default the hash is deleted when the task
+// is acknowledged: Postgres is the dedupe of tasks that come through the outbox). An
+// enqueue with a higher outbox version replaces whatever Redis holds (Reschedule, a
+// retry from dead); the relay's enqueue also replaces a finished record, since it
+// holds the row as live. Postgres remains the durable dedupe source.
+//
+// Enqueue writes Redis alone, without an outbox row: such a task runs on a worker's
+// plain handler (at least once; Config.DoneRetention is then its dedupe window); a
+// transactional handler cannot complete it, since its guard has no row, and the run
+// is logged and counted as suppressed.
 //
 // # Waiting
 //

@@ -19,7 +19,7 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
 
-	c, err := delayq.New(rdb, delayq.Config{}) // prefix "dq", done retention 7 days
+	c, err := delayq.New(rdb, delayq.Config{}) // prefix "dq"; a done task is deleted at Complete
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -145,8 +145,8 @@ func TestSlowHandlerLosesLeaseSecondWorkerTakesOver(t *testing.T) {
 	if r := b.row(t, "slow", "x"); r.state != "done" {
 		t.Errorf("outbox state %s", r.state)
 	}
-	if ti := b.info(t, "slow", "x"); ti.State != delayq.StateDone {
-		t.Errorf("Redis state %s, want done", ti.State)
+	if ti := b.info(t, "slow", "x"); ti.State != delayq.StateMissing {
+		t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 	}
 }
 
@@ -189,8 +189,8 @@ func TestAckFailsAfterCommitRedeliverySuppressed(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM effects`); got != 1 {
 		t.Errorf("%d effect rows, want 1", got)
 	}
-	if ti := b.info(t, "ack", "x"); ti.State != delayq.StateDone {
-		t.Errorf("Redis state %s, want done", ti.State)
+	if ti := b.info(t, "ack", "x"); ti.State != delayq.StateMissing {
+		t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 	}
 	if s := h.w.Stats(); s.Succeeded != 1 || s.Suppressed != 1 {
 		t.Errorf("stats %+v", s)
@@ -254,20 +254,18 @@ func TestRelayRollsBackAfterWorkerClaimed(t *testing.T) {
 	if r := b.row(t, "rb", "x"); r.state != "done" {
 		t.Errorf("outbox state %s, want done", r.state)
 	}
-	// The relay's next pass finds nothing to move, and a repeated Redis enqueue is a
-	// duplicate: it never runs again.
+	// The relay's next pass finds nothing to move. Even a repeated Redis enqueue,
+	// which no relay sends for a finished row (Redis keeps no done record by
+	// default), applies no second effect: the guard suppresses it.
 	if n := b.count(t, `SELECT count(*) FROM delayq_outbox WHERE state = 'pending'`); n != 0 {
 		t.Errorf("%d rows pending for the relay", n)
 	}
-	st, err := b.dq.Enqueue(ctx, "rb", delayq.Task{ID: "x", Payload: []byte("p"), Version: 1})
-	if err != nil {
+	if _, err := b.dq.Enqueue(ctx, "rb", delayq.Task{ID: "x", Payload: []byte("p"), Version: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if st[0] != delayq.Duplicate {
-		t.Errorf("repeated enqueue: %v, want duplicate", st[0])
-	}
-	if runs.Load() != 1 || b.count(t, `SELECT count(*) FROM effects`) != 1 {
-		t.Errorf("%d runs, %d effects; want 1, 1", runs.Load(), b.count(t, `SELECT count(*) FROM effects`))
+	h.expect(t, "x", outSuppressed)
+	if runs.Load() != 2 || b.count(t, `SELECT count(*) FROM effects`) != 1 {
+		t.Errorf("%d runs, %d effects; want 2 runs (the second suppressed), 1 effect", runs.Load(), b.count(t, `SELECT count(*) FROM effects`))
 	}
 }
 
@@ -292,8 +290,8 @@ func TestCancelledTaskSuppressed(t *testing.T) {
 		if r := b.row(t, "c", "x"); r.state != "cancelled" {
 			t.Errorf("outbox state %s", r.state)
 		}
-		if ti := b.info(t, "c", "x"); ti.State != delayq.StateDone {
-			t.Errorf("Redis state %s, want done (acknowledged)", ti.State)
+		if ti := b.info(t, "c", "x"); ti.State != delayq.StateMissing {
+			t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 		}
 	})
 }
@@ -344,15 +342,15 @@ func TestRescheduledWhileRunningStaleCopyAcknowledged(t *testing.T) {
 		}
 		close(proceed)
 		h.expect(t, "x", outSuppressed)
-		if ti := b.info(t, "rs", "x"); ti.State != delayq.StateDone {
-			t.Fatalf("stale copy: %+v, want done (acknowledged, not given back to run again)", ti)
+		if ti := b.info(t, "rs", "x"); ti.State != delayq.StateMissing {
+			t.Fatalf("stale copy: %+v, want gone (acknowledged, not given back to run again)", ti)
 		}
 		if r := b.row(t, "rs", "x"); r.state == "done" {
 			t.Fatalf("the stale run completed the rescheduled row")
 		}
-		// The relay moves version 2: it replaces the stale copy.
+		// The relay moves version 2 (the acknowledged copy left nothing behind).
 		st, err := b.dq.Enqueue(ctx, "rs", delayq.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 2})
-		if err != nil || st[0] != delayq.Replaced {
+		if err != nil || st[0] != delayq.Added {
 			t.Fatalf("enqueue version 2: %v %v", st, err)
 		}
 		f := h.expect(t, "x", outSucceeded)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +48,7 @@ func TestPlainHandlerCompletionAndClearPayload(t *testing.T) {
 	}
 	for _, q := range []string{"secret", "public"} {
 		ti, err := b.dq.Inspect(context.Background(), q, map[string]string{"secret": "a", "public": "b"}[q])
-		if err != nil || ti[0].State != delayq.StateDone || ti[0].Payload != nil {
+		if err != nil || ti[0].State != delayq.StateMissing {
 			t.Errorf("%s in Redis: %+v %v", q, ti, err)
 		}
 	}
@@ -121,5 +122,44 @@ func TestMetrics(t *testing.T) {
 	}
 	if names["delayq_worker_claim_lateness_seconds"] != 2 || names["delayq_worker_processing_seconds"] != 2 {
 		t.Errorf("histogram sample counts %v, want 2 each", names)
+	}
+}
+
+// A task enqueued into Redis directly, without an outbox row, is a documented
+// feature for plain handlers: it runs once and is acknowledged. A transactional
+// handler cannot complete it (its guard has no row to commit with): the run is
+// suppressed, logged and counted, never silently.
+func TestRedisOnlyTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	h := b.start(t, Config{Registerer: reg}, func(w *Worker) {
+		_ = w.Handle("plain", func(context.Context, *Task) error { return nil }, QueueConfig{})
+		_ = w.HandleTx("tx", func(context.Context, pgx.Tx, *Task) error { return nil }, QueueConfig{})
+	})
+	ctx := ctxT(t, time.Minute)
+	if _, err := b.dq.Enqueue(ctx, "plain", delayq.Task{ID: "p", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(t, "p", outSucceeded)
+	if _, err := b.dq.Enqueue(ctx, "tx", delayq.Task{ID: "t", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(t, "t", outSuppressed)
+	for q, id := range map[string]string{"plain": "p", "tx": "t"} {
+		if ti := b.info(t, q, id); ti.State != delayq.StateMissing {
+			t.Errorf("%s/%s in Redis: %+v, want acknowledged", q, id, ti)
+		}
+	}
+	ev := h.w.metrics.events
+	if got := testutil.ToFloat64(ev.WithLabelValues("tx", evSuppressed)); got != 1 {
+		t.Errorf("suppressed counted %v times, want 1", got)
+	}
+	if got := testutil.ToFloat64(ev.WithLabelValues("plain", evSucceeded)); got != 1 {
+		t.Errorf("plain succeeded counted %v times, want 1", got)
+	}
+	if logs := h.logs.String(); !strings.Contains(logs, `level=INFO msg="worker: run suppressed, its effect rolled back" queue=tx id=t`) ||
+		!strings.Contains(logs, "a transactional handler needs the outbox") {
+		t.Errorf("no Info line with the reason:\n%s", logs)
 	}
 }

@@ -240,9 +240,14 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	w, t := r.w, r.t
 	var reason string
 	switch {
+	case !st.Exists && r.q.plain != nil:
+		// A task enqueued into Redis directly (delayq.Client.Enqueue), without
+		// the outbox: a plain handler runs it, and Redis alone records that.
+		return r.succeeded(ctx)
 	case !st.Exists:
-		// No outbox row: a task put in Redis without the outbox, or pruned.
-		reason = "no outbox row"
+		// No outbox row: a transactional handler's guard has nothing to commit
+		// with, so its effect is rolled back.
+		reason = "no outbox row (a transactional handler needs the outbox)"
 	case st.State.Finished():
 		// A duplicate delivery (a lease that expired under a slow worker, an ack
 		// lost after the commit, a relay that ran twice) or a cancelled task: the
