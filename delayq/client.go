@@ -18,10 +18,10 @@ import (
 var luaFS embed.FS
 
 const (
-	maxClaim         = 1000
-	maxComplete      = 1000
-	maxReap          = 10000
-	maxInspect       = 1000
+	maxClaim    = 1000
+	maxComplete = 1000
+	maxReap     = 10000
+	maxInspect  = 1000
 	// MaxErrorBytes is the longest error summary kept; longer ones are cut.
 	MaxErrorBytes = 1024
 	// maxMS is the largest duration in ms the scripts accept (2^40 ms, ~35 years).
