@@ -20,7 +20,10 @@
 // round trip of its own: it goes to Postgres with the handler's first Exec, Query,
 // QueryRow or SendBatch (with one INSERT, a task takes two round trips in all; a
 // pgx tracer sees that first statement in a batch), and a handler that wrote
-// nothing leaves the guard to commit alone. The handler
+// nothing leaves the guard to commit alone. Otherwise the transaction behaves as
+// one from pool.Begin: Prepare, CopyFrom, a prepared statement's name, savepoints
+// and large objects begin it first, and a first statement that fails before BEGIN
+// ran is sent again inside it, so that its error aborts the transaction. The handler
 // must not end the transaction: Commit and Rollback return ErrTxOwned and fail the
 // run. The guard matches only a row that is still pending or queued at the claimed
 // version (pending belongs there: a worker can claim a task before the relay that
