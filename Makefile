@@ -29,7 +29,19 @@ bench: servers ## Run the benchmark workloads (delayq bench) and the micro bench
 	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
 	$(GO) run $(DEVTAGS) ./cmd/delayq bench
 
+# Analyzers run with `go run module@version`: pinned, nothing installed.
+# staticcheck 2026.2.2 (v0.8.2) supports go.mod's Go 1.26; nilness (x/tools)
+# reports nil dereferences and impossible nil comparisons that vet does not.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+NILNESS     := golang.org/x/tools/go/analysis/passes/nilness/cmd/nilness@v0.51.0
+
 .PHONY: lint
-lint: ## gofmt and go vet.
-	@test -z "$$(gofmt -l .)" || (gofmt -l . && exit 1)
+lint: ## gofmt, go vet, staticcheck, nilness (both builds of cmd/delayq), go mod tidy -diff.
+	@test -z "$$(gofmt -l .)" || (echo "gofmt -l:" && gofmt -l . && exit 1)
 	$(GO) vet ./...
+	$(GO) vet $(DEVTAGS) ./cmd/delayq
+	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) $(DEVTAGS) ./cmd/delayq
+	$(GO) run $(NILNESS) ./...
+	$(GO) run $(NILNESS) $(DEVTAGS) ./cmd/delayq
+	$(GO) mod tidy -diff

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -262,9 +261,9 @@ SELECT 'pay', 'd-' || i, now(), 'p', 3, 'dead', 3, 'card declined
 // errors, help.
 func TestBinary(t *testing.T) {
 	t.Parallel()
-	goBin, err := exec.LookPath("go")
+	goBin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "delayq")
 	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {

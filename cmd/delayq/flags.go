@@ -123,6 +123,7 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
+		//lint:ignore ST1005 a name: the error starts with the server it is about, as PostgreSQL's do
 		return nil, fmt.Errorf("Redis %s unreachable: %w", redactURL(c.redisURL), err)
 	}
 	return rdb, nil

@@ -266,6 +266,7 @@ func openDelayq(ctx context.Context, conn *connFlags) (redis.UniversalClient, *d
 		d := net.Dialer{Timeout: 10 * time.Second}
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
+			//lint:ignore ST1005 a name: the error starts with the server it is about, as PostgreSQL's do
 			return nil, nil, fmt.Errorf("Redis %s unreachable: %w", redactURL(conn.redisURL), err)
 		}
 		_ = c.Close()

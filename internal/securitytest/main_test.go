@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,9 +83,10 @@ var (
 func delayqBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
-		goBin, err := exec.LookPath("go")
+		goBin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			binErr = err
+			return
 		}
 		dir, err := os.MkdirTemp("", "delayq-sec-bin-")
 		if err != nil {
