@@ -177,6 +177,10 @@ const (
 	// expired lease, unless it is there already, so that the reaper takes it back.
 	// Applied only to an active task.
 	RepairExpire
+	// RepairKill makes a task that Postgres holds dead dead in Redis too, with
+	// Repair.Error as its last error: its lease revoked, in the dead ZSET only,
+	// its payload kept. Not applied to a task without a hash.
+	RepairKill
 )
 
 func (o RepairOp) String() string {
@@ -187,6 +191,8 @@ func (o RepairOp) String() string {
 		return "restore"
 	case RepairExpire:
 		return "expire"
+	case RepairKill:
+		return "kill"
 	}
 	return fmt.Sprintf("RepairOp(%d)", int(o))
 }
@@ -200,6 +206,8 @@ type Repair struct {
 	Fingerprint string
 	// Task is what RepairRestore writes (its ID is ignored; Repair.ID counts).
 	Task Task
+	// Error is the last error RepairKill records (at most 4096 bytes).
+	Error string
 }
 
 // RepairIf applies repairs to tasks of queue, each only if its task is unchanged
@@ -217,6 +225,10 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 		}
 		switch r.Op {
 		case RepairRemove, RepairExpire:
+		case RepairKill:
+			if len(r.Error) > 4096 {
+				return nil, fmt.Errorf("%w: repair %s: %d: error of %d bytes, at most 4096", ErrInvalidArgument, queue, i, len(r.Error))
+			}
 		case RepairRestore:
 			t := r.Task
 			t.ID = r.ID
@@ -237,7 +249,11 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 		args := make([]any, 0, 2+8*len(batch))
 		args = append(args, k.Wake, len(batch))
 		for _, r := range batch {
-			if r.Op != RepairRestore {
+			switch r.Op {
+			case RepairKill:
+				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "")
+				continue
+			case RepairRemove, RepairExpire:
 				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "")
 				continue
 			}

@@ -129,6 +129,11 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 		}
 	}
 	out := make([]EnqueueStatus, 0, len(tasks))
+	if len(tasks) > 0 {
+		if err := c.rdb.SAdd(ctx, registryKey(c.cfg.Prefix), queue).Err(); err != nil {
+			return out, fmt.Errorf("delayq: enqueue %s: register the queue: %w", queue, err)
+		}
+	}
 	for start := 0; start < len(tasks); start += c.cfg.EnqueueBatch {
 		batch := tasks[start:min(start+c.cfg.EnqueueBatch, len(tasks))]
 		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}, c.enqueueArgs(k, batch, false)...)
@@ -373,15 +378,20 @@ func (c *Client) Reap(ctx context.Context, queue string, limit int) (ReapResult,
 		return ReapResult{}, fmt.Errorf("%w: reap limit %d: 1..%d", ErrInvalidArgument, limit, maxReap)
 	}
 	v, err := c.run(ctx, c.s.reap, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix},
-		k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), LeaseExpiredError)
+		k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), ms(ExhaustedHold))
 	if err != nil {
 		return ReapResult{}, fmt.Errorf("delayq: reap %s: %w", queue, err)
 	}
 	return parseReap(v)
 }
 
-// LeaseExpiredError is the last error Reap records on tasks it declares dead.
+// LeaseExpiredError is the last error of a task whose last lease expired, when its
+// runs recorded none.
 const LeaseExpiredError = "lease expired"
+
+// ExhaustedHold is how long Reap keeps an exhausted task's revoked lease before it
+// reports the task again: the time its caller has to settle it.
+const ExhaustedHold = 10 * time.Second
 
 // RequeueDead makes a dead task ready again, due now, with its runs reset to 0.
 // ErrNotFound: the task is not dead.

@@ -208,8 +208,17 @@ func TestCompleteWithoutRetentionDeletes(t *testing.T) {
 	if err := b.c.Complete(ctxT(t), "q", "t", cl.Tasks[0].Token); err != nil {
 		t.Fatal(err)
 	}
-	if snap := b.snapshot(t); len(snap) != 0 {
+	// Only the queue registry stays: the reaper's list of queues to visit.
+	snap := b.snapshot(t)
+	if _, ok := snap[registryKey(b.prefix)]; !ok {
+		t.Errorf("no queue registry")
+	}
+	delete(snap, registryKey(b.prefix))
+	if len(snap) != 0 {
 		t.Errorf("keys left: %v", snap)
+	}
+	if qs, err := b.c.RegisteredQueues(ctxT(t)); err != nil || !slices.Equal(qs, []string{"q"}) {
+		t.Errorf("registered queues %v %v", qs, err)
 	}
 }
 
@@ -609,7 +618,7 @@ func TestReap(t *testing.T) {
 		t.Fatalf("claimed %d", len(cl.Tasks))
 	}
 	// Not expired: nothing to reap.
-	if r, err := b.c.Reap(ctx, "q", 100); err != nil || len(r.Requeued)+len(r.Dead)+len(r.Orphans) != 0 {
+	if r, err := b.c.Reap(ctx, "q", 100); err != nil || len(r.Requeued)+len(r.Exhausted)+len(r.Orphans) != 0 {
 		t.Fatalf("Reap before expiry: %+v %v", r, err)
 	}
 	// The leases run out (set the deadlines into the past instead of sleeping an
@@ -628,7 +637,7 @@ func TestReap(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := redisNow(t, b.rdb)
-	if !slices.Equal(r.Requeued, []string{"again"}) || !slices.Equal(r.Dead, []string{"last"}) || !slices.Equal(r.Orphans, []string{"ghost"}) {
+	if !slices.Equal(r.Requeued, []string{"again"}) || !slices.Equal(r.Exhausted, []string{"last"}) || !slices.Equal(r.Orphans, []string{"ghost"}) {
 		t.Fatalf("reap %+v", r)
 	}
 	ti := b.info(t, "again")
@@ -636,9 +645,35 @@ func TestReap(t *testing.T) {
 	if ti.State != StateReady || ti.Score.Before(before.Add(time.Second-time.Millisecond)) || ti.Score.After(after.Add(2*time.Second)) {
 		t.Errorf("requeued %+v, reaped between %v and %v", ti, before, after)
 	}
+	// Out of attempts: not dead in Redis first. It stays active, its lease revoked,
+	// held for ExhaustedHold while the caller writes Postgres, then reported again.
 	ti = b.info(t, "last")
-	if ti.State != StateDead || ti.LastError != LeaseExpiredError || string(ti.Payload) != "p2" || ti.Attempt != 1 {
-		t.Errorf("dead %+v", ti)
+	if ti.State != StateActive || string(ti.Payload) != "p2" || ti.Attempt != 1 ||
+		ti.Score.Before(before.Add(ExhaustedHold)) || ti.Score.After(after.Add(ExhaustedHold)) {
+		t.Errorf("exhausted %+v, want active until reap time + %v", ti, ExhaustedHold)
+	}
+	if n := b.rdb.ZCard(ctx, b.k.Active).Val(); n != 1 {
+		t.Errorf("active holds %d, want the exhausted task only", n)
+	}
+	if r, err := b.c.Reap(ctx, "q", 100); err != nil || len(r.Exhausted) != 0 {
+		t.Errorf("reap within the hold: %+v %v", r, err)
+	}
+	b.rdb.ZAdd(ctx, b.k.Active, redisZ("last", 1)) // the hold runs out
+	if r, err := b.c.Reap(ctx, "q", 100); err != nil || !slices.Equal(r.Exhausted, []string{"last"}) {
+		t.Errorf("reap after the hold: %+v %v", r, err)
+	}
+	// The caller settles it once Postgres says dead.
+	_, probes, err := b.c.Probe(ctx, "q", "last")
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := b.c.RepairIf(ctx, "q", Repair{Op: RepairKill, ID: "last", Fingerprint: probes[0].Fingerprint, Error: "lease expired"})
+	if err != nil || !applied[0] {
+		t.Fatalf("kill: %v %v", applied, err)
+	}
+	ti = b.info(t, "last")
+	if ti.State != StateDead || ti.LastError != "lease expired" || string(ti.Payload) != "p2" {
+		t.Errorf("killed %+v", ti)
 	}
 	if n := b.rdb.ZCard(ctx, b.k.Active).Val(); n != 0 {
 		t.Errorf("active left %d", n)
@@ -682,7 +717,9 @@ func TestRemove(t *testing.T) {
 	if ok, err := b.c.Remove(ctx, "q", "a"); err != nil || ok {
 		t.Errorf("Remove again: %v %v", ok, err)
 	}
-	if snap := b.snapshot(t); len(snap) != 0 {
+	snap := b.snapshot(t)
+	delete(snap, registryKey(b.prefix))
+	if len(snap) != 0 {
 		t.Errorf("left %v", snap)
 	}
 	if err := b.c.Complete(ctx, "q", cl.Tasks[0].ID, cl.Tasks[0].Token); !errors.Is(err, ErrLeaseLost) {

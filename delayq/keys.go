@@ -15,7 +15,10 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
-// Scores are Unix seconds with a millisecond fraction ("1700000000.125").
+// Scores are Unix seconds with a millisecond fraction ("1700000000.125"). One key
+// stands outside every queue:
+//
+//	dq:queues                   SET   every queue a task was enqueued into (registryKey)
 type Keys struct {
 	Ready  string
 	Active string
@@ -44,6 +47,10 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		Wake:       base + "wake",
 	}, nil
 }
+
+// registryKey is the set of queue names under prefix: the queues the reaper visits.
+// (A queue name cannot contain ':' or '{', so it cannot collide with a queue's keys.)
+func registryKey(prefix string) string { return prefix + ":queues" }
 
 // TaskKey is the key of the hash of task id. The task hash has short fields, and a
 // field at its default value may be absent:

@@ -3,6 +3,7 @@ package delayq
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 
@@ -74,9 +75,13 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 	}
 
 	cmds := make([]*redis.Cmd, len(calls))
+	var register *redis.IntCmd
 	send := func(idx []int) {
 		// The error is in the commands too, read below.
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if register == nil {
+				register = c.register(ctx, p, batches)
+			}
 			for _, i := range idx {
 				cmds[i] = c.s.enqueue.EvalSha(ctx, p, calls[i].keys, calls[i].args...)
 			}
@@ -88,6 +93,9 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 		all[i] = i
 	}
 	send(all)
+	if err := register.Err(); err != nil {
+		return nil, fmt.Errorf("delayq: register queues: %w", err)
+	}
 	// Only the calls Redis refused for want of the script go again: on a Cluster
 	// some nodes may know it and have run theirs, whose statuses must stand.
 	var again []int
@@ -139,4 +147,26 @@ func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
 		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver)
 	}
 	return args
+}
+
+// register adds the queues of batches to the queue registry (the reaper's list of
+// queues to visit), in the caller's pipeline.
+func (c *Client) register(ctx context.Context, p redis.Pipeliner, batches []QueueTasks) *redis.IntCmd {
+	queues := make([]any, len(batches))
+	for i, b := range batches {
+		queues[i] = b.Queue
+	}
+	return p.SAdd(ctx, registryKey(c.cfg.Prefix), queues...)
+}
+
+// RegisteredQueues lists, sorted, every queue a task was ever enqueued into under
+// the prefix (the registry that Enqueue and EnqueuePipelined keep): one SMEMBERS,
+// whatever the keyspace holds. The relay's reaper visits these.
+func (c *Client) RegisteredQueues(ctx context.Context) ([]string, error) {
+	qs, err := c.rdb.SMembers(ctx, registryKey(c.cfg.Prefix)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("delayq: registered queues: %w", err)
+	}
+	slices.Sort(qs)
+	return qs, nil
 }

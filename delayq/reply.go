@@ -272,7 +272,7 @@ func parseReap(v any) (ReapResult, error) {
 	if r.Requeued, err = parseIDs(a[0], "reap requeued"); err != nil {
 		return ReapResult{}, err
 	}
-	if r.Dead, err = parseIDs(a[1], "reap dead"); err != nil {
+	if r.Exhausted, err = parseIDs(a[1], "reap exhausted"); err != nil {
 		return ReapResult{}, err
 	}
 	if r.Orphans, err = parseIDs(a[2], "reap orphans"); err != nil {

@@ -139,7 +139,7 @@ func TestParseValidReplies(t *testing.T) {
 		t.Errorf("extend lost %v %v", ok, err)
 	}
 	r, err := parseReap(validReplies[5])
-	if err != nil || len(r.Requeued) != 1 || len(r.Dead) != 2 || r.Orphans != nil {
+	if err != nil || len(r.Requeued) != 1 || len(r.Exhausted) != 2 || r.Orphans != nil {
 		t.Errorf("reap %+v %v", r, err)
 	}
 	s, err := parseStats(validReplies[6])

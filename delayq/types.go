@@ -88,8 +88,11 @@ type Lease struct {
 type ReapResult struct {
 	// Requeued went back to ready with a backoff.
 	Requeued []string
-	// Dead had used all attempts; the caller mirrors them into Postgres.
-	Dead []string
+	// Exhausted had used all attempts. They stay active with their leases
+	// revoked for ExhaustedHold: the caller makes them dead in Postgres first, then
+	// settles them in Redis (RepairIf: kill, or remove when Postgres says they
+	// finished). Reap reports them again after the hold if nobody settled them.
+	Exhausted []string
 	// Orphans were in active without an active task hash; they were dropped.
 	Orphans []string
 }

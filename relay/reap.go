@@ -2,25 +2,21 @@ package relay
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
-// deadTask is a task the reaper declared dead in Redis, to be mirrored into
-// Postgres.
-type deadTask struct{ queue, id string }
-
 // reapLoop takes back expired leases every ReapInterval, queue by queue, and
-// mirrors the tasks it declares dead into Postgres, so that reconcile never
-// brings them back. Tasks whose mirroring failed are kept and tried again.
+// settles the tasks out of attempts: dead in Postgres first, then in Redis.
 func (r *Relay) reapLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ReapInterval)
 	defer t.Stop()
-	var unmirrored []deadTask
 	for {
-		unmirrored = r.reapOnce(ctx, unmirrored)
+		r.reapOnce(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -29,19 +25,16 @@ func (r *Relay) reapLoop(ctx context.Context) {
 	}
 }
 
-// reapOnce visits every queue once (a full Reap is followed by the next at once)
-// and returns the dead tasks not yet mirrored.
+// reapOnce visits every queue once (a full Reap is followed by the next at once).
 //
-// A Reap call in hand is finished and its dead tasks mirrored even when ctx ends:
-// a reply lost to a cancellation would leave them dead in Redis only.
-func (r *Relay) reapOnce(ctx context.Context, unmirrored []deadTask) []deadTask {
+// A Reap call in hand is finished and its exhausted tasks settled even when ctx
+// ends. Nothing is kept in memory between passes: an exhausted task that could not
+// be settled (Postgres down, the relay killed) stays active in Redis with its lease
+// revoked, and Reap reports it again after delayq.ExhaustedHold.
+func (r *Relay) reapOnce(ctx context.Context) {
 	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RoundTimeout)
 	defer cancel()
-	queues, err := r.queues(opCtx)
-	if err != nil {
-		r.pgErr(errReap, "list queues", err) //nolint:errcheck // counted and logged
-	}
-	for _, q := range queues {
+	for _, q := range r.queues(opCtx) {
 		for ctx.Err() == nil {
 			res, err := r.dq.Reap(opCtx, q, r.cfg.ReapBatch)
 			if err != nil {
@@ -51,65 +44,35 @@ func (r *Relay) reapOnce(ctx context.Context, unmirrored []deadTask) []deadTask 
 			r.rd.ok()
 			m := r.metrics.reaped
 			m.WithLabelValues("requeued").Add(float64(len(res.Requeued)))
-			m.WithLabelValues("dead").Add(float64(len(res.Dead)))
 			m.WithLabelValues("orphan").Add(float64(len(res.Orphans)))
-			for _, id := range res.Dead {
-				unmirrored = append(unmirrored, deadTask{q, id})
+			for part := range slices.Chunk(res.Exhausted, 1000) {
+				r.settleExhausted(opCtx, q, part)
 			}
-			if len(res.Requeued)+len(res.Dead)+len(res.Orphans) < r.cfg.ReapBatch {
+			if len(res.Requeued)+len(res.Exhausted)+len(res.Orphans) < r.cfg.ReapBatch {
 				break
 			}
 		}
 	}
-	if len(unmirrored) > 0 {
-		unmirrored = r.mirrorDead(opCtx, unmirrored)
-	}
-	return unmirrored
 }
 
-// mirrorDead writes dead tasks into Postgres: state dead, with the error and the
-// attempts recorded in Redis, guarded by the version Redis holds, so a row that
-// finished or was rescheduled meanwhile is left alone. A task that is no longer
-// dead in Redis (requeued by a person, removed) is skipped. It returns the tasks
-// it could not mirror.
-func (r *Relay) mirrorDead(ctx context.Context, tasks []deadTask) []deadTask {
-	byQueue := map[string][]string{}
-	var order []string
-	for _, t := range tasks {
-		if _, ok := byQueue[t.queue]; !ok {
-			order = append(order, t.queue)
-		}
-		byQueue[t.queue] = append(byQueue[t.queue], t.id)
-	}
-	var left []deadTask
-	for _, q := range order {
-		ids := byQueue[q]
-		for len(ids) > 0 {
-			part := ids[:min(len(ids), 1000)]
-			if err := r.mirrorDeadQueue(ctx, q, part); err != nil {
-				for _, id := range ids {
-					left = append(left, deadTask{q, id})
-				}
-				break
-			}
-			ids = ids[len(part):]
-		}
-	}
-	return left
-}
-
-func (r *Relay) mirrorDeadQueue(ctx context.Context, queue string, ids []string) error {
+// settleExhausted settles tasks whose last lease expired with no attempt left:
+// Postgres first (dead, guarded by the version Redis holds, so a row that finished
+// or was rescheduled meanwhile is left alone), then Redis follows what Postgres now
+// says: dead there too, or removed when the row finished otherwise, is gone, or is
+// at another version. Each Redis write is a compare-and-set on the task as probed.
+func (r *Relay) settleExhausted(ctx context.Context, queue string, ids []string) {
 	infos, err := r.dq.Inspect(ctx, queue, ids...)
 	if err != nil {
-		return r.redisErr(errReap, "inspect dead "+queue, err)
+		r.redisErr(errReap, "inspect exhausted "+queue, err) //nolint:errcheck // reported again after the hold
+		return
 	}
 	var (
 		qs, tids, errs     []string
 		versions, attempts []int32
 	)
 	for _, ti := range infos {
-		if ti.State != delayq.StateDead {
-			continue
+		if ti.State != delayq.StateActive {
+			continue // changed since the reap: not ours to settle
 		}
 		msg := ti.LastError
 		if msg == "" {
@@ -120,15 +83,53 @@ func (r *Relay) mirrorDeadQueue(ctx context.Context, queue string, ids []string)
 		attempts = append(attempts, int32(ti.Attempt))
 		errs = append(errs, validate.ErrorSummary(msg))
 	}
-	if len(qs) == 0 {
-		return nil
+	if len(tids) == 0 {
+		return
 	}
 	tag, err := r.pool.Exec(ctx, r.sql.MarkDead, qs, tids, versions, attempts, errs)
 	if err != nil {
-		return r.pgErr(errReap, "mirror dead tasks", err)
+		r.pgErr(errReap, "mark exhausted tasks dead", err) //nolint:errcheck // reported again after the hold
+		return
 	}
 	r.pg.ok()
-	r.cfg.Logger.Info("relay: reaper declared tasks dead (lease expired, no attempts left)",
-		"queue", queue, "tasks", len(qs), "rows_updated", tag.RowsAffected())
-	return nil
+	rows, err := r.store.Rows(ctx, r.pool, queue, tids)
+	if err != nil {
+		r.pgErr(errReap, "read exhausted tasks", err) //nolint:errcheck // reported again after the hold
+		return
+	}
+	_, probes, err := r.dq.Probe(ctx, queue, tids...)
+	if err != nil {
+		r.redisErr(errReap, "probe exhausted "+queue, err) //nolint:errcheck // reported again after the hold
+		return
+	}
+	var repairs []delayq.Repair
+	killed, removed := 0, 0
+	for i, p := range probes {
+		if p.State != delayq.StateActive || p.Version != int(versions[i]) {
+			continue
+		}
+		row := rows[p.ID]
+		switch {
+		case row.Exists && row.State == taskstate.Dead && row.Version == p.Version:
+			repairs = append(repairs, delayq.Repair{Op: delayq.RepairKill, ID: p.ID, Fingerprint: p.Fingerprint, Error: row.LastError})
+			killed++
+		case row.Exists && row.State.Live() && row.Version == p.Version:
+			// MarkDead did not see it (changed in between): the next reap decides.
+		default:
+			// Done, cancelled, purged, or another version: nothing of this copy
+			// may run or stay.
+			repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: p.ID, Fingerprint: p.Fingerprint})
+			removed++
+		}
+	}
+	if len(repairs) > 0 {
+		if _, err := r.dq.RepairIf(ctx, queue, repairs...); err != nil {
+			r.redisErr(errReap, "settle exhausted "+queue, err) //nolint:errcheck // reported again after the hold
+			return
+		}
+	}
+	r.metrics.reaped.WithLabelValues("dead").Add(float64(killed))
+	r.metrics.reaped.WithLabelValues("finished").Add(float64(removed))
+	r.cfg.Logger.Info("relay: reaper settled tasks whose last lease expired",
+		"queue", queue, "tasks", len(tids), "dead_rows", tag.RowsAffected(), "dead", killed, "removed_finished", removed)
 }

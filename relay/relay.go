@@ -24,6 +24,7 @@ type Relay struct {
 	pool    *pgxpool.Pool
 	dq      *delayq.Client
 	cfg     Config
+	store   *taskstate.Store
 	sql     taskstate.Statements
 	table   string
 	metrics *Metrics
@@ -34,8 +35,7 @@ type Relay struct {
 	wake    chan struct{} // a notification arrived (buffer 1: a flag)
 
 	queuesMu  sync.Mutex
-	seen      map[string]bool // queues relayed since the last refresh
-	known     []string        // queues the reaper visits
+	queued    []string // queues with queued rows, as last read from Postgres
 	refreshed time.Time
 }
 
@@ -56,11 +56,10 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 		dq:      dq,
 		cfg:     cfg,
 		table:   store.Table(),
+		store:   store,
 		sql:     store.SQL,
 		metrics: newMetrics(),
 		wake:    make(chan struct{}, 1),
-		seen:    make(map[string]bool),
-		known:   slices.Clone(cfg.Queues),
 	}
 	r.pg = newHealth("PostgreSQL", cfg.Logger)
 	r.rd = newHealth("Redis", cfg.Logger)
@@ -267,7 +266,6 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(bad),
 			"first", badID[0], "error", badEr[0])
 	}
-	r.sawQueues(batches)
 	return len(rows), nil
 }
 
@@ -300,54 +298,44 @@ func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
 	return max(next.Sub(now)-r.cfg.Horizon, r.cfg.BackoffMin), nil
 }
 
-// sawQueues records the queues a round relayed, for the reaper.
-func (r *Relay) sawQueues(batches []delayq.QueueTasks) {
+// queues returns the queues the reaper visits: Config.Queues, or every queue of the
+// Redis registry (each queue a task was enqueued into) and those with queued rows in
+// Postgres (read again every QueueRefresh), so that a queue with no recent activity
+// is reaped too. A server that does not answer is counted and logged, and the queues
+// the other gave are visited.
+func (r *Relay) queues(ctx context.Context) []string {
 	if len(r.cfg.Queues) > 0 {
-		return
+		return r.cfg.Queues
 	}
-	r.queuesMu.Lock()
-	defer r.queuesMu.Unlock()
-	for _, b := range batches {
-		if !r.seen[b.Queue] {
-			r.seen[b.Queue] = true
-			if !slices.Contains(r.known, b.Queue) {
-				r.known = append(r.known, b.Queue)
-			}
-		}
-	}
-}
-
-// queues returns the queues the reaper visits: Config.Queues, or those with
-// queued rows (read again every QueueRefresh) and those relayed since.
-func (r *Relay) queues(ctx context.Context) ([]string, error) {
-	if len(r.cfg.Queues) > 0 {
-		return r.cfg.Queues, nil
+	registered, err := r.dq.RegisteredQueues(ctx)
+	if err != nil {
+		r.redisErr(errReap, "registered queues", err) //nolint:errcheck // counted and logged
 	}
 	r.queuesMu.Lock()
 	fresh := !r.refreshed.IsZero() && time.Since(r.refreshed) < r.cfg.QueueRefresh
-	known := slices.Clone(r.known)
+	queued := r.queued
 	r.queuesMu.Unlock()
-	if fresh {
-		return known, nil
-	}
-	rows, err := r.pool.Query(ctx, r.sql.QueuedQueues)
-	if err != nil {
-		return known, err
-	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return known, err
-	}
-	r.queuesMu.Lock()
-	defer r.queuesMu.Unlock()
-	for q := range r.seen {
-		if !slices.Contains(found, q) {
-			found = append(found, q)
+	if !fresh {
+		found, err := r.queuedQueues(ctx)
+		if err != nil {
+			r.pgErr(errReap, "queues with queued rows", err) //nolint:errcheck // counted and logged
+		} else {
+			queued = found
+			r.queuesMu.Lock()
+			r.queued, r.refreshed = found, time.Now()
+			r.queuesMu.Unlock()
 		}
 	}
-	clear(r.seen)
-	slices.Sort(found)
-	r.known = found
-	r.refreshed = time.Now()
-	return slices.Clone(found), nil
+	all := append(slices.Clone(registered), queued...)
+	slices.Sort(all)
+	return slices.Compact(all)
+}
+
+// queuedQueues reads the queues with queued rows.
+func (r *Relay) queuedQueues(ctx context.Context) ([]string, error) {
+	rows, err := r.pool.Query(ctx, r.sql.QueuedQueues)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

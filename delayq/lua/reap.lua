@@ -4,7 +4,10 @@
 --   attempt < max_attempts: back to ready with score now + backoff, where
 --       d = min(cap, base * 2^(attempt-1)) and backoff = d/2 + d/2 * r ("equal
 --       jitter"), r in [0,1) derived from the seed and the position in this call;
---   otherwise: to dead (score = now) with last error ARGV[6], payload kept;
+--   otherwise the task is exhausted: it stays active, its lease revoked, with a
+--       deadline now + hold (ARGV[6]), and is reported, so that the caller makes
+--       it dead in Postgres first and then settles it here (repair kill, or
+--       remove); a caller that dies before settling finds it again after hold;
 --   no task hash, or a hash not in status "a": the member is removed and reported
 --       as an orphan, so a member whose hash vanished cannot stay stuck.
 -- The token is removed, so the old holder of the lease gets "lease lost".
@@ -18,9 +21,9 @@
 -- ARGV[3]  backoff base in ms (1..2^40)
 -- ARGV[4]  backoff cap in ms (base..2^40)
 -- ARGV[5]  jitter seed (integer 0..999999)
--- ARGV[6]  last error for tasks that die here (0..4096 bytes)
+-- ARGV[6]  hold in ms for exhausted tasks (1..2^40)
 --
--- Returns { {requeued ids}, {dead ids}, {orphan ids} }.
+-- Returns { {requeued ids}, {exhausted ids}, {orphan ids} }.
 -- PUBLISHes on the wake channel when the earliest due time in ready moved earlier.
 -- Malformed ARGV: an error reply, nothing written.
 
@@ -34,8 +37,8 @@ local cap = int(ARGV[4], base, 1099511627776)
 if cap == nil then return fail('backoff cap must be an integer number of ms in base..2^40') end
 local seed = int(ARGV[5], 0, 999999)
 if seed == nil then return fail('seed must be an integer in 0..999999') end
-local msg = ARGV[6]
-if #msg > 4096 then return fail('last error longer than 4096 bytes') end
+local hold = int(ARGV[6], 1, 1099511627776)
+if hold == nil then return fail('hold must be an integer number of ms in 1..2^40') end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -47,7 +50,7 @@ end
 
 local expired = redis.call('ZRANGE', KEYS[2], '-inf', '(' .. fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
 local before = head()
-local requeued, dead, orphans = {}, {}, {}
+local requeued, exhausted, orphans = {}, {}, {}
 for i, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local h = KEYS[4] .. id
@@ -66,9 +69,8 @@ for i, id in ipairs(expired) do
       redis.call('ZADD', KEYS[1], fmt(now + delay), id)
       requeued[#requeued + 1] = id
     else
-      redis.call('HSET', h, 's', 'x', 'e', msg)
-      redis.call('ZADD', KEYS[3], fmt(now), id)
-      dead[#dead + 1] = id
+      redis.call('ZADD', KEYS[2], fmt(now + hold), id)
+      exhausted[#exhausted + 1] = id
     end
   end
 end
@@ -77,4 +79,4 @@ local after = head()
 if after ~= nil and (before == nil or after < before) then
   redis.call('PUBLISH', ARGV[1], fmt(after))
 end
-return { requeued, dead, orphans }
+return { requeued, exhausted, orphans }

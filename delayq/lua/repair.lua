@@ -14,6 +14,8 @@
 --   expire   for an active task that lost its place in active (or sits in another
 --            ZSET too): drop it from ready and dead, and add it to active with score
 --            0 unless it is there, so the reaper takes it back like an expired lease
+--   kill     for a task Postgres has made dead: status dead with the given error,
+--            its lease revoked, in dead only (score now), its payload kept
 --
 -- KEYS[1]  ready ZSET
 -- KEYS[2]  active ZSET
@@ -26,12 +28,13 @@
 --   id            1..200 bytes
 --   fingerprint   as returned by probe.lua
 --   due           restore: Unix seconds with up to 3 decimals, or "now"; else ""
---   payload       restore: bytes; else ""
+--   payload       restore: bytes; kill: the last error (0..4096 bytes); else ""
 --   max_attempts  restore: 1..1000000; else ""
 --   attempt       restore: 0..1000000; else ""
 --   version       restore: 1..2147483647; else ""
 --
--- Returns an array of n integers: 1 applied, 0 changed since the probe (nothing done).
+-- Returns an array of n integers: 1 applied, 0 changed since the probe, or a kill or
+-- expire of a task without a hash (nothing done).
 -- PUBLISHes the new head score on the wake channel when a restore moved the earliest
 -- due time of the queue earlier. Malformed ARGV: an error reply, nothing written.
 
@@ -94,6 +97,9 @@ for k = 0, n - 1 do
     if r.attempt == nil then return fail('repair ' .. k .. ': attempt must be an integer in 0..1000000') end
     r.ver = int(ARGV[b + 7], 1, 2147483647)
     if r.ver == nil then return fail('repair ' .. k .. ': version must be an integer in 1..2147483647') end
+  elseif op == 'kill' then
+    r.msg = ARGV[b + 4]
+    if #r.msg > 4096 then return fail('repair ' .. k .. ': last error longer than 4096 bytes') end
   elseif op ~= 'remove' and op ~= 'expire' then
     return fail('repair ' .. k .. ': unknown op "' .. op .. '"')
   end
@@ -106,10 +112,21 @@ for i, r in ipairs(reps) do
   local id = r.id
   local h = KEYS[4] .. id
   local cur = read(id)
-  if cur[8] ~= r.fp or (r.op == 'expire' and cur[1] ~= 'a') then
+  if cur[8] ~= r.fp or (r.op == 'expire' and cur[1] ~= 'a') or (r.op == 'kill' and cur[1] == '') then
     out[i] = 0
   else
-    if r.op == 'expire' then
+    if r.op == 'kill' then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('HDEL', h, 't')
+      redis.call('HSET', h, 's', 'x', 'e', r.msg)
+      redis.call('PERSIST', h)
+      redis.call('ZADD', KEYS[3], fmt(now), id)
+    elseif r.op == 'expire' then
       redis.call('ZREM', KEYS[1], id)
       redis.call('ZREM', KEYS[3], id)
       redis.call('ZADD', KEYS[2], 'NX', 0, id)

@@ -272,8 +272,8 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 				for _, id := range res.Requeued {
 					reaped.add(q + "/" + id)
 				}
-				if len(res.Dead)+len(res.Orphans) > 0 {
-					t.Errorf("reap %s: dead %v orphans %v", q, res.Dead, res.Orphans)
+				if len(res.Exhausted)+len(res.Orphans) > 0 {
+					t.Errorf("reap %s: exhausted %v orphans %v", q, res.Exhausted, res.Orphans)
 				}
 			}
 			time.Sleep(100 * time.Millisecond)

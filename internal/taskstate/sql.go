@@ -34,8 +34,8 @@ type Statements struct {
 	Enqueue, EnqueueMany, Cancel, Reschedule string
 
 	// Row reads one row's state, version and last error: why a guarded update
-	// found nothing.
-	Row string
+	// found nothing. Rows does the same for many ids of one queue.
+	Row, Rows string
 
 	// Worker: the completion guard in its three forms, the failure record, and the
 	// payload clearing of a done row.
@@ -196,6 +196,8 @@ SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHER
 
 		// $1 queue, $2 task_id.
 		Row: fmt.Sprintf(`SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`, table),
+		// $1 queue, $2 task ids.
+		Rows: fmt.Sprintf(`SELECT task_id, state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])`, table),
 
 		// The guard alone: it commits on its own, and the caller reads a refusal
 		// from the count of updated rows.

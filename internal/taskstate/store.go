@@ -84,6 +84,32 @@ func (s *Store) Row(ctx context.Context, q Querier, queue, id string) (RowState,
 	return r, nil
 }
 
+// Rows reads the rows of ids in queue; an id without a row is absent from the map.
+func (s *Store) Rows(ctx context.Context, q Querier, queue string, ids []string) (map[string]RowState, error) {
+	rows, err := q.Query(ctx, s.SQL.Rows, queue, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox rows of %s: %w", queue, err)
+	}
+	out := make(map[string]RowState, len(ids))
+	var (
+		id, st string
+		r      RowState
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &st, &r.Version, &r.LastError}, func() error {
+		var err error
+		r.Exists = true
+		if r.State, err = Parse(st); err != nil {
+			return err
+		}
+		out[id] = r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read outbox rows of %s: %w", queue, err)
+	}
+	return out, nil
+}
+
 // MarkDone is the completion guard on its own: it marks k done if, and only if, it is
 // still pending or queued at this version, and reports whether it did. In the
 // transaction of a handler's writes, false means: roll back.
