@@ -163,3 +163,30 @@ func TestRedisOnlyTask(t *testing.T) {
 		t.Errorf("no Info line with the reason:\n%s", logs)
 	}
 }
+
+// A failure records its next run time in Postgres too, so a Redis rebuilt from
+// Postgres (reconcile after a loss) keeps the backoff instead of running the task
+// at once.
+func TestFailureRecordsNextRunTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := b.start(t, Config{}, func(w *Worker) {
+		_ = w.Handle("f", func(context.Context, *Task) error {
+			return RetryAfter(30*time.Minute, errors.New("provider down"))
+		}, QueueConfig{})
+	})
+	b.enqueue(t, task("f", "x"))
+	before := time.Now()
+	h.expect(t, "x", outRetried)
+	var runAt time.Time
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT run_at FROM delayq_outbox WHERE queue = 'f' AND task_id = 'x'`).Scan(&runAt); err != nil {
+		t.Fatal(err)
+	}
+	if lo, hi := before.Add(30*time.Minute-time.Second), time.Now().Add(30*time.Minute+time.Second); runAt.Before(lo) || runAt.After(hi) {
+		t.Errorf("run_at %v after a RetryAfter(30m) failure, want about %v", runAt, before.Add(30*time.Minute))
+	}
+	if ti := b.info(t, "f", "x"); ti.State != delayq.StateReady || ti.Score.Sub(runAt).Abs() > 2*time.Second {
+		t.Errorf("Redis %+v, Postgres run_at %v: the two stores disagree on the next run", ti, runAt)
+	}
+}

@@ -183,3 +183,45 @@ func TestStats(t *testing.T) {
 		t.Errorf("Stats(q): %+v %v", one, err)
 	}
 }
+
+// One dead row Redis could never hold (a queue name or an id written by hand, or by
+// an older version) does not block the dead-letter tools for its batch: retry and
+// purge go on past it, and the valid rows are handled.
+func TestDeadLettersGoPastBadRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t, time.Minute)
+	rows := []pgRow{
+		{queue: "bad queue", id: "a", state: stateDead},
+		{queue: "q", id: "b", state: stateDead},
+		{queue: "q", id: "c{1}", state: stateDead},
+		{queue: "q", id: "d", state: stateDead},
+	}
+	b.insertRows(t, rows...)
+	old := float64(b.redisNow(t).Add(-time.Hour).UnixMilli()) / 1000
+	b.putRedis(t, redisTask{queue: "q", id: "d", status: "x", sets: map[string]float64{"dead": old}})
+
+	n, err := RetryAllDead(ctx, b.pool, Options{BatchSize: 10})
+	if err != nil || n != 4 {
+		t.Fatalf("RetryAllDead: %d, %v; want all 4 retried", n, err)
+	}
+	for _, r := range rows {
+		if st, _, ver := b.state(t, r.queue, r.id); st != statePending || ver != 2 {
+			t.Errorf("%s/%s after retry: %s v%d, want pending v2", r.queue, r.id, st, ver)
+		}
+	}
+
+	if _, err := b.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET state = 'dead', done_at = now()`, b.table)); err != nil {
+		t.Fatal(err)
+	}
+	n, err = PurgeDead(ctx, b.pool, b.dq, Options{BatchSize: 10})
+	if err != nil || n != 4 {
+		t.Fatalf("PurgeDead: %d, %v; want all 4 purged", n, err)
+	}
+	if left, err := ListDead(ctx, b.pool, Options{}, 10); err != nil || len(left) != 0 {
+		t.Errorf("dead after purge: %+v %v", left, err)
+	}
+	if p := b.probe(t, "q", "d"); p.State != delayq.StateMissing || !p.Consistent() {
+		t.Errorf("q/d still in Redis: %+v", p)
+	}
+}
