@@ -61,6 +61,10 @@ func childMain(role string) int {
 		err = workerProcess(ctx, name, log)
 	case "relay":
 		err = relayProcess(ctx, log)
+	case modelWorkerRole: // the model test's (model_test.go)
+		err = modelWorkerProcess(ctx, name, log)
+	case modelRelayRole:
+		err = modelRelayProcess(ctx, log)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
