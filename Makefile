@@ -24,6 +24,17 @@ demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/R
 test: servers ## Run every test against real servers, with the race detector.
 	$(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x ./...
 
+# The quick loop leaves out the suites that take minutes whatever -short says:
+# faults (processes killed, servers restarted), clustertest (Redis Clusters),
+# securitytest (TLS servers, the built binary), bench (the workloads) and
+# tempserver (starts and kills servers). The others skip their big cases under
+# -short (testing.Short).
+SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver)$$
+
+.PHONY: test-short
+test-short: servers ## The quick loop (under 2 minutes): -short -race, without the fault, cluster, security and bench suites.
+	$(GO) test -short -race -count=1 -timeout 5m $$($(GO) list ./... | grep -vE '$(SLOW_PKGS)')
+
 .PHONY: bench
 bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
 	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
