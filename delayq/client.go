@@ -30,7 +30,7 @@ const (
 
 type scripts struct {
 	enqueue, claim, extend, complete, retry, kill, release,
-	reap, requeueDead, remove, stats, inspect *redis.Script
+	reap, remove, stats, inspect *redis.Script
 }
 
 func loadScripts() (scripts, error) {
@@ -41,7 +41,7 @@ func loadScripts() (scripts, error) {
 	}{
 		{"enqueue", &s.enqueue}, {"claim", &s.claim}, {"extend", &s.extend},
 		{"complete", &s.complete}, {"retry", &s.retry}, {"kill", &s.kill},
-		{"release", &s.release}, {"reap", &s.reap}, {"requeue_dead", &s.requeueDead},
+		{"release", &s.release}, {"reap", &s.reap},
 		{"remove", &s.remove}, {"stats", &s.stats}, {"inspect", &s.inspect},
 	} {
 		src, err := scriptSource(x.name)
@@ -392,27 +392,6 @@ const LeaseExpiredError = "lease expired"
 // ExhaustedHold is how long Reap keeps an exhausted task's revoked lease before it
 // reports the task again: the time its caller has to settle it.
 const ExhaustedHold = 10 * time.Second
-
-// RequeueDead makes a dead task ready again, due now, with its runs reset to 0.
-// ErrNotFound: the task is not dead.
-func (c *Client) RequeueDead(ctx context.Context, queue, id string) error {
-	k, err := keysForTask(c.cfg.Prefix, queue, id)
-	if err != nil {
-		return err
-	}
-	v, err := c.run(ctx, c.s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, k.Wake, id)
-	if err != nil {
-		return fmt.Errorf("delayq: requeue dead %s/%s: %w", queue, id, err)
-	}
-	code, err := parseCode(v, "requeue_dead", 0, 1)
-	if err != nil {
-		return err
-	}
-	if code == 0 {
-		return fmt.Errorf("delayq: requeue dead %s/%s: not dead: %w", queue, id, ErrNotFound)
-	}
-	return nil
-}
 
 // Remove deletes a task in any state, with its dedupe record, and reports whether
 // anything existed. A worker holding its lease gets ErrLeaseLost afterwards.

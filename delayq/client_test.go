@@ -570,12 +570,10 @@ func TestRetryAndDead(t *testing.T) {
 		t.Errorf("dead set %d", n)
 	}
 
-	// A person requeues it: due now, runs reset.
-	if err := b.c.RequeueDead(ctx, "q", "r"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.c.RequeueDead(ctx, "q", "r"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("second RequeueDead: %v", err)
+	// A person retries it: the relay enqueues the new version, which replaces the
+	// dead one, due now with its runs reset.
+	if st := b.enqueue(t, Task{ID: "r", Payload: []byte("p"), MaxAttempts: 2, Version: 2}); st[0] != Replaced {
+		t.Fatalf("enqueue of version 2 over the dead task: %v", st)
 	}
 	cl = b.claim(t, 1, time.Minute)
 	if len(cl.Tasks) != 1 || cl.Tasks[0].Attempt != 1 {

@@ -32,7 +32,10 @@
 //	Enqueue ──▶ ready ──Claim──▶ active ──Complete──▶ done (hash kept for the retention)
 //	              ▲                │ Retry / Reap (runs left, with delay)
 //	              └────────────────┤ Release (shutdown, run not counted)
-//	                               └ Retry / Reap (no runs left), Kill ──▶ dead ──RequeueDead──▶ ready
+//	                               └ Retry (no runs left), Kill ──▶ dead ──Enqueue (a higher version)──▶ ready
+//
+// Reap does not kill a task out of runs: it revokes the lease and reports the task,
+// which its caller (the relay) makes dead in Postgres first, then here (RepairIf).
 //
 // Each claim gives the task a fresh lease token. Extend, Complete (CompleteMany
 // for a batch, one script call), Retry, Kill and Release need it; a stale token (the lease was reaped, the task rescheduled or

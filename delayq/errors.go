@@ -25,9 +25,6 @@ var (
 	// expired and was reaped, the task was rescheduled, removed or finished by
 	// someone else. Nothing was changed.
 	ErrLeaseLost = errors.New("delayq: lease lost")
-	// ErrNotFound reports a task that is not in the state the call needs (for
-	// RequeueDead: not dead).
-	ErrNotFound = errors.New("delayq: task not found")
 	// ErrUnexpectedReply reports a script reply of an unexpected shape, e.g. from a
 	// different version of the scripts.
 	ErrUnexpectedReply = errors.New("delayq: unexpected reply from Redis")

@@ -159,10 +159,6 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "-1", "e"}},
 		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1", long}},
 
-		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w}},
-		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{"", "dead"}},
-		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w, ""}},
-		{"requeue_dead", s.requeueDead, []string{k.Ready, k.Dead, k.TaskPrefix}, []any{w, "dead", "x"}},
 
 		{"remove", s.remove, lease, nil},
 		{"remove", s.remove, lease, []any{""}},

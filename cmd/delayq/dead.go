@@ -22,9 +22,10 @@ the record: the outbox row is dead, with its attempts and last error.
   purge --yes [--queue q] [<id>]
                                delete dead tasks from Postgres and Redis for good
 
-Retry resets in both stores at once: the outbox row becomes queued with attempt 0 and
-run time now (version and last error kept), and Redis gets the task ready now with its
-runs reset (as delayq's RequeueDead does; also when Redis lost the task).
+Retry writes Postgres alone: the outbox row becomes pending as a new version, due now,
+with attempt 0 (its last error kept until the next run); the relay moves it at once
+(it is notified) and replaces the dead task in Redis (or finds none, after a Redis
+loss). Purge deletes the rows first, then what Redis holds of them.
 
 Examples:
   delayq dead list --queue payment --limit 20

@@ -42,12 +42,14 @@
 // enqueued twice, and the worker's completion guard in Postgres keeps the effect
 // single even for a task that was running when Redis lost it.
 //
-// A task queued in Postgres and dead in Redis is usually a worker or reaper between
-// writing "dead" to Redis and mirroring it into Postgres: it is left alone until its
-// death is older than Options.Grace.
+// A task queued in Postgres and dead in Redis is left alone until its death is older
+// than Options.Grace: whoever declares a task dead writes Postgres first, so this is
+// rare (a worker whose retry Redis counted out), and the writer mirrors it right
+// after.
 //
-// Dead letters: RetryDead sets the outbox row back to queued with attempt 0 and run
-// time now, and rewrites the task in Redis ready now with its runs reset (what
-// delayq's RequeueDead does, also when Redis lost the task). PurgeDead deletes dead
-// rows and their Redis tasks.
+// Dead letters (docs/DESIGN.md, "dead-retry" and "dead-purge"): RetryDead makes the
+// outbox row pending again as a new version, due now, attempts reset, in Postgres
+// alone; the relay moves it, and its enqueue replaces the dead record in Redis (or
+// finds none after a Redis loss). PurgeDead deletes dead rows, then their Redis
+// records.
 package reconcile
