@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the relay's Prometheus collectors, registered on Config.Registerer:
+// metrics are the relay's Prometheus collectors, registered on Config.Registerer:
 //
 //	delayq_relay_rows_total{result}             rows moved to Redis: added, duplicate
 //	                                            (already there: a repeated round), replaced
@@ -17,12 +17,14 @@ import (
 //	delayq_relay_lag_seconds                    age of the oldest pending row that is due
 //	                                            (0 when the relay keeps up)
 //	delayq_outbox_rows{state}                   outbox rows by state
-//	delayq_relay_reaped_total{result}           expired leases taken back: requeued, dead, orphan
+//	delayq_relay_reaped_total{result}           expired leases taken back: requeued, dead (out of
+//	                                            attempts, dead in both stores), finished (the
+//	                                            row had finished: removed from Redis), orphan
 //	delayq_relay_errors_total{kind}             errors: postgres, redis, listen, reap, retention, stats
 //	delayq_relay_retention_deleted_total        finished rows deleted by the retention
 //
 // Several relays may run in one process only with different registerers (or nil).
-type Metrics struct {
+type metrics struct {
 	rows      *prometheus.CounterVec
 	batch     prometheus.Histogram
 	lag       prometheus.Gauge
@@ -32,8 +34,8 @@ type Metrics struct {
 	retention prometheus.Counter
 }
 
-func newMetrics() *Metrics {
-	m := &Metrics{
+func newMetrics() *metrics {
+	m := &metrics{
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_rows_total",
 			Help: "Outbox rows moved to Redis, by result: added, duplicate (already in Redis), replaced (rescheduled), invalid (refused by Redis, set dead).",
@@ -53,7 +55,7 @@ func newMetrics() *Metrics {
 		}, []string{"state"}),
 		reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_reaped_total",
-			Help: "Expired leases taken back by the reaper, by result: requeued, dead, orphan.",
+			Help: "Expired leases taken back by the reaper, by result: requeued, dead (out of attempts), finished (the outbox row had finished: removed from Redis), orphan.",
 		}, []string{"result"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_errors_total",
@@ -87,11 +89,11 @@ const (
 	errStats     = "stats"
 )
 
-func (m *Metrics) collectors() []prometheus.Collector {
+func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.rows, m.batch, m.lag, m.depth, m.reaped, m.errs, m.retention}
 }
 
-func (m *Metrics) register(r prometheus.Registerer) error {
+func (m *metrics) register(r prometheus.Registerer) error {
 	if r == nil {
 		return nil
 	}

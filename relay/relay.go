@@ -27,7 +27,7 @@ type Relay struct {
 	store   *taskstate.Store
 	sql     taskstate.Statements
 	table   string
-	metrics *Metrics
+	metrics *metrics
 
 	pg, rd *health // state of the two servers, for logs once per change
 

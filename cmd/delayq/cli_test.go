@@ -202,7 +202,7 @@ SELECT 'pay', 'o-' || i, now() - interval '1 minute', 'p', 5, 'queued', 1 FROM g
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st) != 1 {
 		t.Fatalf("stats --json: %v %s", err, r.stdout)
 	}
-	if st[0].Postgres["queued"] != 3 || st[0].Ready != 3 || st[0].DueNow != 3 || st[0].OldestDueMS < 59_000 {
+	if st[0].Postgres["queued"] != 3 || st[0].Ready != 3 || st[0].DueNow != 3 || st[0].OldestDueLateness < 59*time.Second {
 		t.Errorf("stats %+v", st[0])
 	}
 }

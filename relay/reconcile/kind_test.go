@@ -1,6 +1,8 @@
 package reconcile
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +57,28 @@ func TestClassify(t *testing.T) {
 		if got := restoreTask(queued, c.p).Attempt; got != c.want {
 			t.Errorf("restore attempt with %+v: %d, want %d", c.p, got, c.want)
 		}
+	}
+}
+
+// The JSON of a Report and of QueueStats carries durations as whole milliseconds
+// (one field each in Go, no paired fields), and reads back.
+func TestDurationsInJSON(t *testing.T) {
+	rep := Report{Rows: 3, Duration: 1500 * time.Millisecond}
+	b, err := json.Marshal(rep)
+	if err != nil || !strings.Contains(string(b), `"duration_ms":1500`) || !strings.Contains(string(b), `"postgres_rows":3`) {
+		t.Fatalf("report JSON %s %v", b, err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil || back.Duration != rep.Duration || back.Rows != 3 {
+		t.Errorf("report read back %+v %v", back, err)
+	}
+	qs := QueueStats{Queue: "q", OldestPendingAge: 2 * time.Second, OldestDueLateness: 3 * time.Millisecond}
+	b, err = json.Marshal(qs)
+	if err != nil || !strings.Contains(string(b), `"oldest_pending_age_ms":2000`) || !strings.Contains(string(b), `"oldest_due_lateness_ms":3`) {
+		t.Fatalf("stats JSON %s %v", b, err)
+	}
+	var qback QueueStats
+	if err := json.Unmarshal(b, &qback); err != nil || qback.OldestPendingAge != qs.OldestPendingAge || qback.OldestDueLateness != qs.OldestDueLateness || qback.Queue != "q" {
+		t.Errorf("stats read back %+v %v", qback, err)
 	}
 }

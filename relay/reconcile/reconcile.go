@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -49,9 +50,33 @@ type Report struct {
 	Kinds map[Kind]*Bucket `json:"kinds"`
 	// ExpiredLeases counts active tasks past their lease, left to the reaper (not
 	// inconsistencies: not in Found).
-	ExpiredLeases Bucket        `json:"expired_leases"`
-	Duration      time.Duration `json:"-"`
-	DurationMS    int64         `json:"duration_ms"`
+	ExpiredLeases Bucket `json:"expired_leases"`
+	// Duration is how long the run took. In JSON: duration_ms.
+	Duration time.Duration `json:"-"`
+}
+
+// MarshalJSON writes Duration as whole milliseconds.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report
+	return json.Marshal(struct {
+		plain
+		DurationMS int64 `json:"duration_ms"`
+	}{plain(r), r.Duration.Milliseconds()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *Report) UnmarshalJSON(b []byte) error {
+	type plain Report
+	var v struct {
+		plain
+		DurationMS int64 `json:"duration_ms"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Report(v.plain)
+	r.Duration = time.Duration(v.DurationMS) * time.Millisecond
+	return nil
 }
 
 // Inconsistency is one task Check found wrong.
@@ -131,7 +156,6 @@ func (e *engine) run(ctx context.Context) error {
 	start := time.Now()
 	defer func() {
 		e.rep.Duration = time.Since(start)
-		e.rep.DurationMS = e.rep.Duration.Milliseconds()
 	}()
 	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues)
 	if err != nil {

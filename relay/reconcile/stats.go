@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -24,12 +25,39 @@ type QueueStats struct {
 	Dead          int64 `json:"redis_dead"`
 	// OldestPendingAge is how long the oldest due pending row has waited for the
 	// relay since its run time (database clock): the relay lag. 0 when none is due.
+	// In JSON: oldest_pending_age_ms.
 	OldestPendingAge time.Duration `json:"-"`
 	// OldestDueLateness is how long the earliest ready task in Redis has been due
-	// (Redis clock): the worker lag. 0 when none is due.
+	// (Redis clock): the worker lag. 0 when none is due. In JSON:
+	// oldest_due_lateness_ms.
 	OldestDueLateness time.Duration `json:"-"`
-	OldestPendingMS   int64         `json:"oldest_pending_age_ms"`
-	OldestDueMS       int64         `json:"oldest_due_lateness_ms"`
+}
+
+// MarshalJSON writes the durations as whole milliseconds.
+func (s QueueStats) MarshalJSON() ([]byte, error) {
+	type plain QueueStats
+	return json.Marshal(struct {
+		plain
+		OldestPendingMS int64 `json:"oldest_pending_age_ms"`
+		OldestDueMS     int64 `json:"oldest_due_lateness_ms"`
+	}{plain(s), s.OldestPendingAge.Milliseconds(), s.OldestDueLateness.Milliseconds()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *QueueStats) UnmarshalJSON(b []byte) error {
+	type plain QueueStats
+	var v struct {
+		plain
+		OldestPendingMS int64 `json:"oldest_pending_age_ms"`
+		OldestDueMS     int64 `json:"oldest_due_lateness_ms"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*s = QueueStats(v.plain)
+	s.OldestPendingAge = time.Duration(v.OldestPendingMS) * time.Millisecond
+	s.OldestDueLateness = time.Duration(v.OldestDueMS) * time.Millisecond
+	return nil
 }
 
 // States lists the outbox states in their lifecycle order.
@@ -103,8 +131,6 @@ func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Queue
 		}
 		s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead = rs.Ready, rs.DueNow, rs.Active, rs.ExpiredLeases, rs.Dead
 		s.OldestDueLateness = rs.OldestLateness
-		s.OldestPendingMS = s.OldestPendingAge.Milliseconds()
-		s.OldestDueMS = s.OldestDueLateness.Milliseconds()
 	}
 	return out, nil
 }
