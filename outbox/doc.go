@@ -44,9 +44,12 @@
 // rules that keep them safe inside Redis keys and their {queue} hash tag (see Task). The
 // default payload limit is 64 KiB (Config.MaxPayloadBytes).
 //
-// # Workers
+// # States
 //
-// MarkDone and RecordFailure are the completion guard of DESIGN.md: they change a row
-// only while it is pending or queued at the version the worker claimed, so a task is
-// completed at most once even when leases expire or relays repeat themselves.
+// A task's row goes pending → queued → done | dead | cancelled; Reschedule makes it
+// pending again as a new version. The states and every transition, with who makes
+// it and the order of its Postgres and Redis writes, are in docs/DESIGN.md. Workers
+// complete a task with a guard that changes the row only while it is pending or
+// queued at the version they claimed, so a task is completed at most once even when
+// leases expire or relays repeat themselves.
 package outbox

@@ -199,7 +199,7 @@ func (p pgBundle) count(t testing.TB, sql string, args ...any) int {
 	return n
 }
 
-// checkEffects asserts the invariants of DESIGN.md on the effects table: every
+// checkEffects asserts the invariants of docs/DESIGN.md on the effects table: every
 // done row has exactly one effect, no other row has any, and no effect started
 // before its task was due (Redis clock at the claim against the outbox run_at, to
 // the millisecond: delayq keeps due times in whole ms).

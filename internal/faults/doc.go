@@ -1,7 +1,7 @@
 // Package faults is the fault suite: end-to-end scenarios on servers the tests own,
 // each injecting one kind of fault while a load of tasks runs through the whole
 // system (producer transactions, relay, Redis, workers with transactional
-// handlers), then checking the invariants of DESIGN.md against Postgres, the
+// handlers), then checking the invariants of docs/DESIGN.md against Postgres, the
 // truth, and an effects table the handlers write to:
 //
 //   - every committed, uncancelled task has exactly one effect row (the table has

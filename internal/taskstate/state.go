@@ -12,7 +12,10 @@
 // pending row locked, so the write is of a state Postgres has committed.
 package taskstate
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // State is the state of a task in the outbox, the column state.
 type State string
@@ -55,6 +58,9 @@ func Parse(s string) (State, error) {
 	return "", fmt.Errorf("taskstate: unknown state %q", s)
 }
 
+// Kept, as a transition's To, means the row's state is left as it was.
+const Kept State = "(kept)"
+
 // Actor is who triggers a transition.
 type Actor string
 
@@ -73,53 +79,84 @@ type Transition struct {
 	// Name is the transition's name, as docs/DESIGN.md and the model test use it.
 	Name string
 	From []State
-	// To is the state after it; "" means the row is deleted.
+	// To is the state after it: Kept leaves it as it was; "" deletes the row.
 	To State
 	By Actor
 	// Postgres names the statement (a field of Statements) that makes it.
 	Postgres string
-	// Redis names the script that follows it ("" for none: Redis learns of it
-	// later, by the relay or by a worker's refused guard).
+	// Redis says what Redis gets ("" for nothing: Redis learns of it from the
+	// relay, or from a worker whose guard refuses the older copy).
 	Redis string
-	// Order says how the two writes are ordered.
+	// Order is how the two writes are ordered: one of the Write orders.
 	Order string
 	// Version says what happens to the row's version.
 	Version string
 }
 
-// Write orders.
+// The write orders. The rule: Postgres commits first, and every Redis write that
+// follows is keyed by version, idempotent and repairable; the relay's move is made
+// while it holds the pending row locked, so it writes a state Postgres committed.
 const (
-	PostgresOnly        = "Postgres only"
-	PostgresThenRedis   = "Postgres commits, then Redis (keyed by version)"
-	RedisUnderRowLock   = "Redis while the pending row is locked, then commit"
-	RedisFirstThenGuard = "Redis decides, Postgres guarded by version, Redis follows Postgres"
+	PostgresOnly      = "Postgres only"
+	PostgresThenRedis = "Postgres commits, then Redis"
+	RedisUnderRowLock = "Redis while the row is locked, then the commit"
 )
 
-// Transitions is the whole state machine. Any change of a row's state is one of
-// these; TestTransitionsDocumented checks that docs/DESIGN.md shows this table.
+// Transitions is the whole state machine: every change of a row. docs/DESIGN.md
+// shows it (TestTransitionsDocumented), and the model test follows it.
 var Transitions = []Transition{
-	{Name: "enqueue", From: nil, To: Pending, By: Producer,
+	{Name: "enqueue", To: Pending, By: Producer,
 		Postgres: "Enqueue, EnqueueMany", Order: PostgresOnly, Version: "1"},
 	{Name: "relay", From: []State{Pending}, To: Queued, By: Relay,
-		Postgres: "TakeDue", Redis: "enqueue", Order: RedisUnderRowLock, Version: "kept"},
+		Postgres: "TakeDue", Redis: "enqueue: adds, or replaces an older version or a finished record",
+		Order: RedisUnderRowLock, Version: "kept"},
 	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
 		Postgres: "MarkInvalid", Order: PostgresOnly, Version: "kept"},
 	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
-		Postgres: "Guard, GuardAbort, GuardMany", Redis: "complete", Order: PostgresThenRedis, Version: "kept"},
-	{Name: "fail-retry", From: []State{Pending, Queued}, To: Queued, By: Worker,
-		Postgres: "RecordFailure", Redis: "retry", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "Guard, GuardAbort, GuardMany", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept"},
+	{Name: "fail-retry", From: []State{Pending, Queued}, To: Kept, By: Worker,
+		Postgres: "RecordFailure (attempt, error, next run_at)", Redis: "retry (token)", Order: PostgresThenRedis, Version: "kept"},
 	{Name: "fail-dead", From: []State{Pending, Queued}, To: Dead, By: Worker,
-		Postgres: "RecordFailure", Redis: "kill", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "RecordFailure", Redis: "kill (token)", Order: PostgresThenRedis, Version: "kept"},
 	{Name: "reap-dead", From: []State{Pending, Queued}, To: Dead, By: Reaper,
-		Postgres: "MarkDead", Redis: "reap, kill", Order: RedisFirstThenGuard, Version: "kept"},
+		Postgres: "MarkDead", Redis: "reap holds it; then repair kill, or remove if the row finished",
+		Order: PostgresThenRedis, Version: "kept"},
 	{Name: "cancel", From: []State{Pending, Queued}, To: Cancelled, By: Producer,
 		Postgres: "Cancel", Order: PostgresOnly, Version: "kept"},
 	{Name: "reschedule", From: []State{Pending, Queued}, To: Pending, By: Producer,
 		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1"},
 	{Name: "dead-retry", From: []State{Dead}, To: Pending, By: Operator,
 		Postgres: "RetryDead", Order: PostgresOnly, Version: "+1"},
-	{Name: "dead-purge", From: []State{Dead}, To: "", By: Operator,
-		Postgres: "PurgeDead", Redis: "repair (remove)", Order: PostgresThenRedis, Version: "-"},
-	{Name: "prune", From: []State{Done, Cancelled}, To: "", By: Retention,
+	{Name: "dead-purge", From: []State{Dead}, By: Operator,
+		Postgres: "PurgeDead", Redis: "repair remove (that version or older)", Order: PostgresThenRedis, Version: "-"},
+	{Name: "prune", From: []State{Done, Cancelled}, By: Retention,
 		Postgres: "Prune", Order: PostgresOnly, Version: "-"},
+}
+
+// Table renders Transitions as the Markdown table docs/DESIGN.md shows.
+func Table() string {
+	var b strings.Builder
+	b.WriteString("| transition | from | to | by | Postgres | Redis | write order | version |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, t := range Transitions {
+		from := "–"
+		if len(t.From) > 0 {
+			parts := make([]string, len(t.From))
+			for i, f := range t.From {
+				parts[i] = string(f)
+			}
+			from = strings.Join(parts, ", ")
+		}
+		to := string(t.To)
+		if to == "" {
+			to = "(deleted)"
+		}
+		redis := t.Redis
+		if redis == "" {
+			redis = "–"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			t.Name, from, to, t.By, t.Postgres, redis, t.Order, t.Version)
+	}
+	return b.String()
 }

@@ -1,4 +1,4 @@
--- The transactional outbox of delayq. See DESIGN.md, "Postgres: the outbox".
+-- The transactional outbox of delayq. See docs/DESIGN.md, "The outbox".
 --
 -- {{schema}} is replaced with the configured schema (a plain lower-case identifier,
 -- validated) before goose reads this file; run it through package migrations, not the
