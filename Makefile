@@ -10,7 +10,7 @@ DEVTAGS := -tags delayqdev
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: servers
 servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debian/Ubuntu).
@@ -19,6 +19,10 @@ servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debi
 .PHONY: demo
 demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/REDIS_URL).
 	$(GO) run $(DEVTAGS) ./cmd/delayq demo
+
+.PHONY: build
+build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile builds it.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/delayq ./cmd/delayq
 
 .PHONY: test
 test: servers ## Run every test against real servers, with the race detector.
