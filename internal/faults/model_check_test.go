@@ -237,6 +237,37 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 				r.version, r.attempt, r.outcome, stamp(r.claimedAt), r.claimedAt.Sub(sup).Round(time.Millisecond), r.version+1)
 		}
 	}
+	// A retry waits its delay, also across a Redis flush and reconcile (the
+	// failure writes its next run time to Postgres): attempt a+1 of a version is
+	// claimed no sooner than the earliest run of attempt a plus the least delay
+	// its outcome asks for (RetryAfter's, or the backoff's lower bound).
+	type va struct{ inc, version, attempt int }
+	first := map[va]modelRun{}
+	for _, r := range runs { // in claim order
+		if _, ok := first[va{r.inc, r.version, r.attempt}]; !ok {
+			first[va{r.inc, r.version, r.attempt}] = r
+		}
+	}
+	for _, r := range runs {
+		prev, ok := first[va{r.inc, r.version, r.attempt - 1}]
+		if !ok {
+			continue
+		}
+		var least time.Duration
+		switch o, d := plan(m.seed, mt.q, mt.id, prev.inc, prev.version, prev.attempt); o {
+		case oRetryAfter:
+			least = d
+		case oError, oPanic:
+			least, _ = modelQueueConfig().Backoff.Bounds(prev.attempt)
+		default:
+			continue // success, no-retry, slow: a next attempt comes from a lost lease
+		}
+		if r.claimedAt.Before(prev.claimedAt.Add(least)) {
+			bad("backoff", "v%d attempt %d claimed at %s, %v after attempt %d (%s) was claimed; its retry delay is at least %v",
+				r.version, r.attempt, stamp(r.claimedAt), r.claimedAt.Sub(prev.claimedAt).Round(time.Millisecond),
+				prev.attempt, prev.outcome, least)
+		}
+	}
 	return certain
 }
 

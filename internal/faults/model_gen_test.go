@@ -142,7 +142,7 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"dead-retry-all", 1, m.opRetryAllDead},
 		{"dead-purge", 3, m.opPurgeDeadTask},
 		{"dead-purge-all", 1, m.opPurgeDead},
-		{"prune", 2, m.opPrune},
+		{"prune", 1, m.opPrune},
 		{"worker-kill", 2, m.opWorkerKill},
 		{"relay-kill", 2, m.opRelayKill},
 		{"redis-flush", 2, m.opFlush},
@@ -265,7 +265,8 @@ func (m *model) opEnqueue(ctx context.Context) {
 // row exists, a new incarnation once the row was deleted (id reuse after a prune
 // or a purge).
 func (m *model) opDuplicate(ctx context.Context) {
-	t := m.pick(func(*mtask) bool { return true })
+	gone := m.rng.IntN(2) == 0 // half the time an id whose row may have been deleted
+	t := m.pick(func(t *mtask) bool { return !gone || t.k == kGone || t.k == kMaybeGone })
 	if t == nil {
 		return
 	}
@@ -297,6 +298,7 @@ func (m *model) opDuplicate(ctx context.Context) {
 		m.violation(t, "enqueue of an existing id (model %s) inserted a new row", t.k)
 	default:
 		m.begin(t, ma, r.RunAt)
+		m.ops["(id reused)"]++
 		m.logf(t, "reuse of the id: incarnation %d, delay %v (%s) max %d, run_at %s", t.inc, d, what, ma, stamp(r.RunAt))
 	}
 }
