@@ -206,7 +206,7 @@ esac`
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti[0].State != delayq.StateDone || ti[1].State != delayq.StateDead || ti[2].State != delayq.StateReady {
-		t.Errorf("Redis states %s %s %s; want done dead ready", ti[0].State, ti[1].State, ti[2].State)
+	if ti[0].State != delayq.StateMissing || ti[1].State != delayq.StateDead || ti[2].State != delayq.StateReady {
+		t.Errorf("Redis states %s %s %s; want missing (acknowledged) dead ready", ti[0].State, ti[1].State, ti[2].State)
 	}
 }

@@ -307,7 +307,7 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			t.Fatal(err)
 		}
 		for _, in := range infos {
-			want := delayq.StateDone
+			want := delayq.StateMissing // acknowledged: no done record by default
 			if tasks[b.Queue+"/"+in.ID].kind == kKill {
 				want = delayq.StateDead
 			}

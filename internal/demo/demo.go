@@ -25,6 +25,7 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/migrations"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -350,19 +351,19 @@ var errRollback = errors.New("demo: business transaction rolled back")
 func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cfg Config, want int, w *worker.Worker) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	q := `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'queued'),
-	             count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead') FROM ` + ob.Table()
+	store := taskstate.New(taskstate.Config{Schema: ob.Config().Schema})
 	for {
-		var pending, queued, done, dead int
-		if err := pool.QueryRow(ctx, q).Scan(&pending, &queued, &done, &dead); err != nil {
+		n, err := store.CountByState(ctx, pool)
+		if err != nil {
 			return err
 		}
+		pending, queued, done, dead := n[taskstate.Pending], n[taskstate.Queued], n[taskstate.Done], n[taskstate.Dead]
 		if cfg.Live {
 			st := w.Stats()
 			fmt.Fprintf(cfg.Out, "\r  pending %5d  in redis %5d  done %5d  dead %3d  retried %4d  running %3d ",
 				pending, queued, done, dead, st.Retried, st.InFlight)
 		}
-		if done+dead >= want {
+		if done+dead >= int64(want) {
 			if cfg.Live {
 				fmt.Fprintln(cfg.Out)
 			}
@@ -378,11 +379,11 @@ func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cf
 
 func collect(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, schema string, rep *Report) error {
 	charges := pgx.Identifier{schema, "demo_charges"}.Sanitize()
-	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'dead') FROM `+ob.Table()).
-		Scan(&rep.Done, &rep.Dead)
+	n, err := taskstate.New(taskstate.Config{Schema: ob.Config().Schema}).CountByState(ctx, pool)
 	if err != nil {
 		return err
 	}
+	rep.Done, rep.Dead = int(n[taskstate.Done]), int(n[taskstate.Dead])
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+charges).Scan(&rep.Effects); err != nil {
 		return err
 	}

@@ -51,15 +51,16 @@ func TestWorkerKill(t *testing.T) {
 // process. The rows of a dead round stay pending and are moved again (Redis
 // reports duplicates); a task a worker ran meanwhile is done and stays done.
 //
-// Also without Redis's dedupe record of finished tasks (DoneRetention -1: a task's
+// By default Redis keeps no record of finished tasks (DoneRetention -1: a task's
 // hash is deleted at completion): the outbox alone keeps a finished task from
 // being moved again, because the relay moves only pending rows, under their lock.
+// Also with a done record kept (DoneRetention 7 days).
 func TestRelayKill(t *testing.T) {
 	t.Parallel()
 	for _, sc := range []struct {
 		name          string
 		doneRetention time.Duration
-	}{{"relay-kill", 0}, {"relay-kill-no-done-record", -1}} {
+	}{{"relay-kill", 0}, {"relay-kill-done-record", 7 * 24 * time.Hour}} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
 			relayKill(t, sc.name, sc.doneRetention)
@@ -96,9 +97,9 @@ func relayKill(t *testing.T, scenario string, doneRetention time.Duration) {
 	}
 	// The workers applied doneRetention: a finished task's hash is kept (done) or
 	// gone (missing).
-	want := delayq.StateDone
-	if doneRetention < 0 {
-		want = delayq.StateMissing
+	want := delayq.StateMissing
+	if doneRetention > 0 {
+		want = delayq.StateDone
 	}
 	var q, id string
 	if err := s.admin.QueryRow(ctx, `SELECT queue, task_id FROM delayq_outbox WHERE state = 'done' LIMIT 1`).Scan(&q, &id); err != nil {

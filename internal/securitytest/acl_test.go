@@ -24,9 +24,10 @@ import (
 // and every command their Lua scripts call, which Redis checks against the ACL
 // too. docs/SECURITY.md shows these lines (TestSecurityDocACL keeps them equal).
 var (
-	// relayCommands: scripts enqueue, reap, inspect (mirroring dead tasks).
-	relayCommands = []string{"ping", "evalsha", "eval", "script|load",
-		"hdel", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
+	// relayCommands: scripts enqueue, reap, inspect, probe and repair (settling
+	// tasks out of attempts); SADD and SMEMBERS for the queue registry.
+	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers",
+		"del", "hdel", "hexists", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
 	// workerCommands: scripts claim, extend, complete, retry, kill, release.
 	workerCommands = []string{"ping", "evalsha", "eval", "subscribe",
 		"del", "hdel", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zrange", "zrem", "zscore"}

@@ -52,7 +52,7 @@ func leastRole(t *testing.T, ctx context.Context, dbURL string) string {
 // TestPayloadLifetime follows payloads, which may hold personal data, through
 // both stores, with the producer, the relay (retention included) and the worker
 // logged in as a role holding only SELECT, INSERT, UPDATE and DELETE on the outbox:
-// Redis drops a payload at completion; PostgreSQL keeps it until retention
+// Redis drops the whole task at completion; PostgreSQL keeps the payload until retention
 // deletes the row, unless the queue clears it when done (QueueConfig.ClearPayload)
 // or the outbox client that marks it done or cancels it has ClearPayloadOnDone; a dead
 // task keeps its payload in both stores.
@@ -166,7 +166,7 @@ func TestPayloadLifetime(t *testing.T) {
 		queue, id string
 		state     delayq.State
 		kept      bool
-	}{{"keep", "k-1", delayq.StateDone, false}, {"clear", "c-1", delayq.StateDone, false}, {"doomed", "d-1", delayq.StateDead, true}} {
+	}{{"keep", "k-1", delayq.StateMissing, false}, {"clear", "c-1", delayq.StateMissing, false}, {"doomed", "d-1", delayq.StateDead, true}} {
 		info, err := dq.Inspect(ctx, c.queue, c.id)
 		if err != nil {
 			t.Fatal(err)

@@ -110,6 +110,32 @@ func (s *Store) Rows(ctx context.Context, q Querier, queue string, ids []string)
 	return out, nil
 }
 
+// CountByState counts the outbox rows by state, over every queue (every state is
+// in the map). It reads the whole table: for reports, not for a hot path.
+func (s *Store) CountByState(ctx context.Context, q Querier) (map[State]int64, error) {
+	rows, err := q.Query(ctx, s.SQL.StateCounts)
+	if err != nil {
+		return nil, fmt.Errorf("count outbox rows: %w", err)
+	}
+	out := make(map[State]int64, len(States))
+	for _, st := range States {
+		out[st] = 0
+	}
+	var (
+		queue, st string
+		n         int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&queue, &st, &n}, func() error {
+		state, err := Parse(st)
+		out[state] += n
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count outbox rows: %w", err)
+	}
+	return out, nil
+}
+
 // MarkDone is the completion guard on its own: it marks k done if, and only if, it is
 // still pending or queued at this version, and reports whether it did. In the
 // transaction of a handler's writes, false means: roll back.

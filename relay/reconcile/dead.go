@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -102,21 +103,20 @@ func PurgeDeadTask(ctx context.Context, db DB, dq *delayq.Client, opts Options, 
 }
 
 func explainNotDead(ctx context.Context, db DB, opts Options, op, queue, id string) error {
-	_, st, err := opts.prepare()
+	o, _, err := opts.prepare()
 	if err != nil {
 		return err
 	}
-	var state string
-	err = db.QueryRow(ctx, fmt.Sprintf("SELECT state FROM (%s) AS r", st.Lookup), queue, []string{id}).Scan(&state)
+	row, err := taskstate.New(taskstate.Config{Schema: o.Schema}).Row(ctx, db, queue, id)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("reconcile: %s dead %s/%s: %w", op, queue, id, ErrNotFound)
 	case err != nil:
 		return fmt.Errorf("reconcile: %s dead %s/%s: %w", op, queue, id, err)
-	case state == stateDead:
+	case !row.Exists:
+		return fmt.Errorf("reconcile: %s dead %s/%s: %w", op, queue, id, ErrNotFound)
+	case row.State == taskstate.Dead:
 		return fmt.Errorf("reconcile: %s dead %s/%s: the row is locked by another transaction; try again", op, queue, id)
 	}
-	return fmt.Errorf("reconcile: %s dead %s/%s: %w (state %s)", op, queue, id, ErrNotDead, state)
+	return fmt.Errorf("reconcile: %s dead %s/%s: %w (state %s)", op, queue, id, ErrNotDead, row.State)
 }
 
 // retryDead retries the dead rows of opts.Queues (only ids, when given), a batch
