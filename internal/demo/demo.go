@@ -24,8 +24,8 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
-	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
