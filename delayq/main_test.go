@@ -2,9 +2,7 @@ package delayq
 
 import (
 	"context"
-	"errors"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -123,10 +121,6 @@ func ids(ts []ClaimedTask) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func isScriptErr(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "delayq ") && !errors.Is(err, context.DeadlineExceeded)
 }
 
 func redisZ(member string, score float64) redis.Z { return redis.Z{Member: member, Score: score} }

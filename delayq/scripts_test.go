@@ -159,7 +159,6 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "-1", "e"}},
 		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1", long}},
 
-
 		{"remove", s.remove, lease, nil},
 		{"remove", s.remove, lease, []any{""}},
 		{"remove", s.remove, lease, []any{"rdy", "act"}},
