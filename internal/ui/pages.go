@@ -1,0 +1,498 @@
+package ui
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/relay/reconcile"
+)
+
+// page is what every template gets.
+type page struct {
+	Base, Title  string
+	Who, CSRF    string
+	CanAct       bool // authenticated and not read-only
+	ReadOnly     bool
+	HidePayloads bool
+	NeedsLogin   bool // actions exist and nobody is logged in
+	TokenLogin   bool
+	Refresh      int // seconds, 0 none
+	Flash, Error string
+	Now          time.Time
+	Data         any
+}
+
+// flashes are the messages an action's redirect may ask for (?ok=code): a fixed
+// set, so that a link cannot put words of its own on the page.
+var flashes = map[string]string{
+	"cancelled": "Task cancelled.", "rescheduled": "Task rescheduled: the relay moves the new version.",
+	"run-now": "Task due now: the relay moves it to Redis at once.", "retried": "Dead task retried as a new version.",
+	"purged": "Dead task purged from both stores.", "retried-all": "Dead tasks retried.",
+	"purged-all": "Dead tasks purged from both stores.", "checked": "Consistency check done.",
+}
+
+func (h *Handler) newPage(r *http.Request, who string) *page {
+	p := &page{
+		Base: h.cfg.BasePath, Who: who, CSRF: h.csrfFor(who),
+		CanAct: who != "" && !h.cfg.ReadOnly, ReadOnly: h.cfg.ReadOnly, HidePayloads: h.cfg.HidePayloads,
+		NeedsLogin: who == "" && !h.cfg.ReadOnly, TokenLogin: h.cfg.Token != "",
+		Now: time.Now(),
+	}
+	if msg, ok := flashes[r.URL.Query().Get("ok")]; ok {
+		p.Flash = msg
+	}
+	return p
+}
+
+var funcs = template.FuncMap{
+	"ts": func(t time.Time) string {
+		if t.IsZero() {
+			return "–"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05.000Z")
+	},
+	"rel": func(t time.Time, now time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		d := t.Sub(now)
+		switch {
+		case d > time.Second:
+			return "in " + short(d)
+		case d < -time.Second:
+			return short(-d) + " ago"
+		}
+		return "now"
+	},
+	"dur": func(d time.Duration) string {
+		if d <= 0 {
+			return "–"
+		}
+		return short(d)
+	},
+	"q": url.QueryEscape,
+	"bytes": func(n int) string {
+		switch {
+		case n >= 1<<20:
+			return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+		case n >= 1<<10:
+			return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+		}
+		return fmt.Sprintf("%d B", n)
+	},
+}
+
+func short(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func parseTemplates() (map[string]*template.Template, error) {
+	out := map[string]*template.Template{}
+	for _, name := range []string{"queues", "tasks", "task", "consistency", "login", "confirm", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("ui: template %s: %w", name, err)
+		}
+		out[name] = t
+	}
+	return out, nil
+}
+
+func (h *Handler) render(w http.ResponseWriter, p *page, name string, data any) {
+	p.Data = data
+	var buf bytes.Buffer
+	if err := h.tmpl[name].Execute(&buf, p); err != nil {
+		h.cfg.Logger.Error("ui: render", "page", name, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = buf.WriteTo(w)
+}
+
+// fail shows an error page; the message is escaped like everything else.
+func (h *Handler) fail(w http.ResponseWriter, p *page, code int, err error) {
+	if code >= 500 {
+		h.cfg.Logger.Warn("ui: request failed", "err", err)
+	}
+	p.Title, p.Error = http.StatusText(code), err.Error()
+	w.WriteHeader(code)
+	h.render(w, p, "error", nil)
+}
+
+func ctxOf(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 30*time.Second)
+}
+
+// --- queues ---
+
+type queueRow struct {
+	reconcile.QueueStats
+	// RedisLive is what Redis holds of live tasks (ready + active); Postgres's
+	// queued rows should be there.
+	RedisLive int64
+	Agree     bool
+	Note      string
+	Total     int64
+}
+
+func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
+	ctx, cancel := ctxOf(r)
+	defer cancel()
+	st, err := reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, h.opts)
+	if err != nil {
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	rows := make([]queueRow, len(st))
+	for i, s := range st {
+		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active}
+		for _, n := range s.Postgres {
+			rows[i].Total += n
+		}
+		rows[i].Agree, rows[i].Note = agreeCounts(s)
+	}
+	p.Title = "Queues"
+	p.Refresh = int(h.cfg.Refresh / time.Second)
+	if v, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && v >= 0 && v <= 3600 {
+		p.Refresh = v
+	}
+	h.render(w, p, "queues", rows)
+}
+
+// agreeCounts compares the counts of the two stores: every queued row is ready or
+// active in Redis, every dead row dead. The counts are read one after the other,
+// so a busy queue may differ for a moment; the consistency check is the word.
+func agreeCounts(s reconcile.QueueStats) (bool, string) {
+	queued, dead := s.Postgres["queued"], s.Postgres["dead"]
+	var notes []string
+	if live := s.Ready + s.Active; live != queued {
+		notes = append(notes, fmt.Sprintf("queued %d in Postgres, %d ready or active in Redis", queued, live))
+	}
+	if s.Dead != dead {
+		notes = append(notes, fmt.Sprintf("dead %d in Postgres, %d in Redis", dead, s.Dead))
+	}
+	return len(notes) == 0, strings.Join(notes, "; ")
+}
+
+// --- tasks ---
+
+type listRow struct {
+	taskstate.BrowseRow
+	Redis  delayq.TaskInfo
+	Agree  bool
+	Note   string
+	Dueish bool
+}
+
+type tasksData struct {
+	Filter             taskstate.Filter
+	Queue, State       string
+	Prefix, From, To   string
+	States             []taskstate.State
+	Rows               []listRow
+	Next               template.URL // the next page, "" for none
+	First              template.URL // the first page
+	Kind               string // "tasks" or "dead"
+	RedisUnavailable   string
+	PurgeAllQueue      string
+	ConfirmPurgeAllFor string
+}
+
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("time %q: want RFC 3339 or YYYY-MM-DD[ HH:MM[:SS]] (UTC)", s)
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind string) {
+	q := r.URL.Query()
+	d := tasksData{Kind: kind, States: taskstate.States,
+		Queue: q.Get("queue"), State: q.Get("state"), Prefix: q.Get("prefix"), From: q.Get("from"), To: q.Get("to")}
+	if kind == "dead" {
+		d.State = string(taskstate.Dead)
+	}
+	// An exact id goes to its page.
+	if id := q.Get("id"); id != "" && d.Queue != "" {
+		http.Redirect(w, r, h.cfg.BasePath+"/task?queue="+url.QueryEscape(d.Queue)+"&id="+url.QueryEscape(id), http.StatusSeeOther)
+		return
+	}
+	f := taskstate.Filter{Queue: d.Queue, State: taskstate.State(d.State), Prefix: d.Prefix}
+	var err error
+	if f.DueFrom, err = parseTime(d.From); err == nil {
+		f.DueBefore, err = parseTime(d.To)
+	}
+	var cur taskstate.Cursor
+	if err == nil && q.Get("at") != "" {
+		cur.At, err = time.Parse(time.RFC3339Nano, q.Get("at"))
+	}
+	cur.Queue, cur.ID = q.Get("cq"), q.Get("cid")
+	if err == nil && f.Queue == "" && (f.Prefix != "" || f.State == "" || f.State == taskstate.Queued) {
+		err = errors.New("choose a queue to list its tasks by id (or a state: pending, done, dead or cancelled)")
+	}
+	if kind == "dead" {
+		p.Title = "Dead letters"
+	} else {
+		p.Title = "Tasks"
+	}
+	d.Filter = f
+	if err != nil {
+		p.Error = err.Error()
+		h.render(w, p, "tasks", d)
+		return
+	}
+	ctx, cancel := ctxOf(r)
+	defer cancel()
+	rows, next, err := h.browse.List(ctx, h.cfg.DB, f, cur, h.cfg.PageSize)
+	if err != nil {
+		if errors.Is(err, taskstate.ErrBrowse) && !strings.Contains(err.Error(), "list:") {
+			p.Error = err.Error()
+			h.render(w, p, "tasks", d)
+			return
+		}
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	d.Rows = make([]listRow, len(rows))
+	for i, row := range rows {
+		d.Rows[i].BrowseRow = row
+		d.Rows[i].Dueish = row.State.Live() && !row.RunAt.After(p.Now)
+	}
+	if err := h.inspect(ctx, d.Rows); err != nil {
+		d.RedisUnavailable = err.Error()
+	}
+	base := url.Values{}
+	for _, k := range []string{"queue", "state", "prefix", "from", "to"} {
+		if v := q.Get(k); v != "" {
+			base.Set(k, v)
+		}
+	}
+	// Built from url.Values, so the URLs are safe as they are.
+	d.First = template.URL(h.cfg.BasePath + "/" + kind + "?" + base.Encode())
+	if next != (taskstate.Cursor{}) {
+		nv := url.Values{}
+		for k, v := range base {
+			nv[k] = v
+		}
+		if !next.At.IsZero() {
+			nv.Set("at", next.At.Format(time.RFC3339Nano))
+		}
+		nv.Set("cq", next.Queue)
+		nv.Set("cid", next.ID)
+		d.Next = template.URL(h.cfg.BasePath + "/" + kind + "?" + nv.Encode())
+	}
+	if kind == "dead" && d.Queue != "" {
+		d.PurgeAllQueue = d.Queue
+	}
+	h.render(w, p, "tasks", d)
+}
+
+// inspect reads what Redis holds of each row, one atomic read per queue.
+func (h *Handler) inspect(ctx context.Context, rows []listRow) error {
+	byQueue := map[string][]int{}
+	for i, r := range rows {
+		byQueue[r.Queue] = append(byQueue[r.Queue], i)
+	}
+	for q, idx := range byQueue {
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = rows[i].ID
+		}
+		infos, err := h.cfg.Redis.Inspect(ctx, q, ids...)
+		if err != nil {
+			return err
+		}
+		for j, i := range idx {
+			rows[i].Redis = infos[j]
+			rows[i].Agree, rows[i].Note = agree(rows[i].BrowseRow, infos[j])
+		}
+	}
+	return nil
+}
+
+// agree tells whether Redis's view of a task is one the design allows for its
+// row, and if not, what differs.
+func agree(row taskstate.BrowseRow, rd delayq.TaskInfo) (bool, string) {
+	in := rd.State == delayq.StateReady || rd.State == delayq.StateActive
+	switch row.State {
+	case taskstate.Pending:
+		switch {
+		case rd.State == delayq.StateMissing:
+			return true, "waiting for the relay"
+		case in && rd.Version < row.Version:
+			return true, fmt.Sprintf("older version %d in Redis: the relay replaces it", rd.Version)
+		case in:
+			return true, "the relay is moving it"
+		case rd.State == delayq.StateDead || rd.State == delayq.StateDone:
+			return true, "a finished record of an earlier life: the relay replaces it"
+		}
+	case taskstate.Queued:
+		switch {
+		case in && rd.Version == row.Version:
+			return true, ""
+		case rd.State == delayq.StateMissing:
+			return false, "missing in Redis: reconcile restores it"
+		case in:
+			return false, fmt.Sprintf("Redis holds version %d", rd.Version)
+		case rd.State == delayq.StateDead:
+			return false, "dead in Redis: the worker's death is being recorded, or reconcile mirrors it"
+		}
+		return false, "done in Redis, queued in Postgres"
+	case taskstate.Dead:
+		switch rd.State {
+		case delayq.StateDead, delayq.StateMissing:
+			return true, ""
+		}
+		return false, "dead in Postgres, " + string(rd.State) + " in Redis: reconcile repairs it"
+	default: // done, cancelled
+		if in {
+			return true, string(row.State) + " in Postgres: the guard suppresses the copy in Redis"
+		}
+		return true, ""
+	}
+	return false, "unexpected"
+}
+
+func (h *Handler) tasksPage(w http.ResponseWriter, r *http.Request, p *page) {
+	h.list(w, r, p, "tasks")
+}
+func (h *Handler) deadPage(w http.ResponseWriter, r *http.Request, p *page) { h.list(w, r, p, "dead") }
+
+// --- task ---
+
+type taskData struct {
+	Queue, ID   string
+	Found       bool
+	Row         taskstate.TaskRow
+	Redis       delayq.TaskInfo
+	RedisErr    string
+	Agree       bool
+	Note        string
+	Payload     string // pretty-printed, or text, or hex; "" when hidden
+	PayloadKind string // json, text, binary
+	Truncated   bool
+	RedisPaySz  int
+}
+
+func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
+	q := r.URL.Query()
+	d := taskData{Queue: q.Get("queue"), ID: q.Get("id")}
+	p.Title = "Task " + d.ID
+	ctx, cancel := ctxOf(r)
+	defer cancel()
+	capBytes := h.cfg.PayloadCap
+	if h.cfg.HidePayloads {
+		capBytes = 0
+	}
+	row, ok, err := h.browse.Task(ctx, h.cfg.DB, d.Queue, d.ID, capBytes)
+	if err != nil {
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	d.Found, d.Row = ok, row
+	infos, err := h.cfg.Redis.Inspect(ctx, d.Queue, d.ID)
+	switch {
+	case err != nil:
+		d.RedisErr = err.Error()
+	case len(infos) == 1:
+		d.Redis = infos[0]
+		d.RedisPaySz = len(d.Redis.Payload)
+		d.Redis.Payload = nil // shown from Postgres, the truth
+	}
+	if !ok && (d.Redis.State == "" || d.Redis.State == delayq.StateMissing) {
+		w.WriteHeader(http.StatusNotFound)
+	}
+	if ok && d.RedisErr == "" {
+		d.Agree, d.Note = agree(row.BrowseRow, d.Redis)
+	} else if !ok && d.Redis.State != "" && d.Redis.State != delayq.StateMissing {
+		d.Note = "in Redis only: no outbox row (enqueued into Redis directly, or purged)"
+	}
+	if ok && !h.cfg.HidePayloads {
+		d.Truncated = row.PayloadBytes > len(row.Payload)
+		d.Payload, d.PayloadKind = showPayload(row.Payload, d.Truncated)
+	}
+	h.render(w, p, "task", d)
+}
+
+// showPayload renders a payload for reading: indented JSON when it is whole and
+// valid JSON, text when it is UTF-8, else a hex dump. (The template escapes it.)
+func showPayload(b []byte, truncated bool) (string, string) {
+	if !truncated && json.Valid(b) {
+		var out bytes.Buffer
+		if json.Indent(&out, b, "", "  ") == nil {
+			return out.String(), "json"
+		}
+	}
+	if utf8.Valid(b) || truncated && utf8.Valid(b[:max(0, len(b)-3)]) {
+		return strings.ToValidUTF8(string(b), "\uFFFD"), "text"
+	}
+	var out strings.Builder
+	for i := 0; i < len(b); i += 16 {
+		end := min(i+16, len(b))
+		fmt.Fprintf(&out, "%08x  % x\n", i, b[i:end])
+	}
+	return out.String(), "binary"
+}
+
+// --- consistency ---
+
+type checkResult struct {
+	At     time.Time
+	Report reconcile.Report
+	Err    string
+	Kinds  []kindCount
+}
+
+type kindCount struct {
+	Kind     reconcile.Kind
+	Describe string
+	Found    int
+	Samples  []string
+}
+
+func (h *Handler) consistencyPage(w http.ResponseWriter, r *http.Request, p *page) {
+	h.mu.Lock()
+	last := h.lastCheck
+	h.mu.Unlock()
+	p.Title = "Consistency"
+	h.render(w, p, "consistency", last)
+}
+
+// sortedKinds lists the report's buckets in the order of reconcile.AllKinds.
+func sortedKinds(rep reconcile.Report) []kindCount {
+	var out []kindCount
+	for _, k := range reconcile.AllKinds() {
+		b := rep.Kinds[k]
+		if b == nil {
+			continue
+		}
+		out = append(out, kindCount{Kind: k, Describe: k.Describe(), Found: b.Found, Samples: b.Samples})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Found > out[j].Found })
+	return out
+}
