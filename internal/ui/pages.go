@@ -212,7 +212,7 @@ type tasksData struct {
 	Rows               []listRow
 	Next               template.URL // the next page, "" for none
 	First              template.URL // the first page
-	Kind               string // "tasks" or "dead"
+	Kind               string       // "tasks" or "dead"
 	RedisUnavailable   string
 	PurgeAllQueue      string
 	ConfirmPurgeAllFor string
