@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/schedule"
 )
 
 // Defaults of Config.
@@ -94,6 +95,11 @@ type Config struct {
 	// the metrics are kept but not registered.
 	Registerer prometheus.Registerer
 
+	// Schedules are the periodic tasks this relay enqueues into the outbox, each
+	// tick once whatever the number of relays (package schedule; delayq relay
+	// --schedules FILE). Default: none.
+	Schedules schedule.Config
+
 	// afterEnqueue, when set (by tests), runs after the Redis write and before the
 	// commit of a round; an error it returns aborts the round.
 	afterEnqueue func() error
@@ -141,6 +147,9 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error { return c.WithDefaults().validate() }
 
 func (c Config) validate() error {
+	if err := c.validateFeatures(); err != nil {
+		return err
+	}
 	if _, err := outbox.New(outbox.Config{Schema: c.Schema, NotifyChannel: c.NotifyChannel}); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

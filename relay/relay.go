@@ -105,6 +105,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.StatsInterval > 0 {
 		loops = append(loops, r.statsLoop)
 	}
+	loops = append(loops, r.featureLoops()...) // schedule.go
 	for _, loop := range loops {
 		wg.Go(func() { loop(ctx) })
 	}

@@ -88,6 +88,7 @@ func commands() map[string]command {
 		"check":      {"list every inconsistency between Postgres and Redis; exit 1 if any", runCheck},
 		"stats":      {"per queue: outbox rows by state, Redis ready/due/active/dead, lags", runStats},
 		"dead":       {"list, retry or purge dead tasks in both stores", runDead},
+		"ui":         {"serve the operator's web dashboard on 127.0.0.1:8080 (--demo: watch a live demo workload)", runUI},
 		"enqueue":    {"enqueue a task into the outbox from the command line", runEnqueue},
 		"cancel":     {"cancel a pending or queued task", runCancel},
 		"reschedule": {"move a pending or queued task to a new run time", runReschedule},

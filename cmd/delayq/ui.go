@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mathrand "math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/ui"
+	"github.com/delayq/delayq/migrations"
+	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
+)
+
+// Environment variables of delayq ui's credentials (flags are visible to every
+// user of the machine in the process list; the environment is not).
+const (
+	uiTokenEnv = "DELAYQ_UI_TOKEN"
+	uiBasicEnv = "DELAYQ_UI_BASIC_AUTH"
+)
+
+func runUI(ctx context.Context, m *Main, args []string) error {
+	var conn connFlags
+	fs := newFlagSet(m, "ui", "ui [flags]",
+		"  delayq ui                                  # http://127.0.0.1:8080, a token printed at start\n"+
+			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq ui --listen 10.0.0.5:8080\n"+
+			"  delayq ui --read-only --hide-payloads      # look, never act, never show a payload\n"+
+			"  go run -tags delayqdev ./cmd/delayq ui --demo   # throwaway servers and a live workload to watch\n\n"+
+			"Every action (cancel, reschedule, run now, retry, purge, check) needs the token (typed\n"+
+			"into the login page, or sent as Authorization: Bearer) or the basic credentials, and\n"+
+			"a CSRF token; --read-only serves none. See docs/SECURITY.md, \"The dashboard\".\n")
+	conn.register(fs, m, true, true)
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on (loopback by default; ':8080' for every interface)")
+	token := fs.String("token", m.Getenv(uiTokenEnv), "token for actions, at least 16 bytes (env "+uiTokenEnv+"; default: a random one, printed)")
+	basic := fs.String("basic-auth", m.Getenv(uiBasicEnv), "user:password for actions with HTTP basic auth (env "+uiBasicEnv+")")
+	readOnly := fs.Bool("read-only", false, "serve the pages without any action")
+	hide := fs.Bool("hide-payloads", false, "never show a payload")
+	authReads := fs.Bool("auth-reads", false, "ask for the credentials on every page, not only for actions")
+	refresh := fs.Duration("refresh", 0, "reload the queues page this often (0: never)")
+	demoMode := fs.Bool("demo", false, "run a live demo workload (relay, workers, orders, some dying) in a schema and key prefix of its own, and show it")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := ui.Config{ReadOnly: *readOnly, HidePayloads: *hide, AuthReads: *authReads, Refresh: *refresh}
+	if *basic != "" {
+		u, p, ok := strings.Cut(*basic, ":")
+		if !ok || u == "" || p == "" {
+			return usagef("--basic-auth: want user:password")
+		}
+		cfg.BasicUser, cfg.BasicPassword = u, p
+	}
+	cfg.Token = *token
+	printToken := false
+	if !*readOnly && cfg.Token == "" && cfg.BasicUser == "" {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		cfg.Token, printToken = hex.EncodeToString(b), true
+	}
+	if cfg.Token != "" && len(cfg.Token) < 16 {
+		return usagef("--token: at least 16 bytes")
+	}
+	if *demoMode {
+		if cfg.Refresh == 0 {
+			cfg.Refresh = 2 * time.Second
+		}
+		if err := conn.checkURLs(); err != nil {
+			return err
+		}
+		stop, err := m.throwawayServers(ctx, &conn, false)
+		defer stop()
+		if err != nil {
+			return err
+		}
+	}
+	pool, err := conn.openPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rdb, err := conn.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	schema, prefix := conn.schema, conn.prefix
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if *demoMode {
+		suffix := fmt.Sprintf("%d", time.Now().UnixNano()%1e6)
+		schema, prefix = "delayq_ui_demo_"+suffix, "dquidemo."+suffix
+		defer cleanupDemo(pool, rdb, schema, prefix)
+	}
+	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: 100 * time.Millisecond})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	ob, err := outbox.New(outbox.Config{Schema: schema})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if *demoMode {
+		if err := startDemoWorkload(runCtx, &wg, pool, dq, ob, schema); err != nil {
+			return err
+		}
+	}
+	cfg.DB, cfg.Redis, cfg.Outbox = pool, dq, ob
+	h, err := ui.New(cfg)
+	if err != nil {
+		return usagef("%s", strings.TrimPrefix(err.Error(), ui.ErrInvalidConfig.Error()+": "))
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+	fmt.Fprintf(m.Stdout, "delayq ui: serving http://%s/ (schema %s, prefix %s)\n", ln.Addr(), schema, prefix)
+	if printToken {
+		fmt.Fprintf(m.Stdout, "delayq ui: token for actions (log in at http://%s/login): %s\n", ln.Addr(), cfg.Token)
+	}
+	if *readOnly {
+		fmt.Fprintln(m.Stdout, "delayq ui: read-only: no action is served")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// startDemoWorkload migrates the demo's schema and runs, until ctx ends, a relay,
+// workers and a producer: orders charged a few seconds after they are placed,
+// one in ten failing once, one in fifty dying (for the dead letters), and emails.
+func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, schema string) error {
+	db := migrations.OpenDBFromPool(pool)
+	_, err := migrations.Up(ctx, db, migrations.Config{Schema: schema})
+	db.Close()
+	if err != nil {
+		return fmt.Errorf("demo: migrate: %w", err)
+	}
+	rl, err := relay.New(pool, dq, relay.Config{Schema: schema, ReapInterval: 200 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	w, err := worker.New(pool, dq, ob, worker.Config{Lease: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	handle := func(ctx context.Context, t *worker.Task) error {
+		select { // the work takes a while, so some tasks are seen active
+		case <-time.After(time.Duration(50+mathrand.IntN(400)) * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		switch p := string(t.Payload); {
+		case strings.Contains(p, `"doomed"`):
+			return worker.NoRetry(errors.New("card declined: insufficient funds (demo)"))
+		case strings.Contains(p, `"flaky"`) && t.Attempt == 1:
+			return errors.New("payment gateway timeout (demo: retried)")
+		}
+		return nil
+	}
+	qcfg := worker.QueueConfig{Concurrency: 8, Backoff: worker.Backoff{Base: time.Second, Max: 5 * time.Second}}
+	for _, q := range []string{"charge", "email"} {
+		if err := w.Handle(q, handle, qcfg); err != nil {
+			return err
+		}
+	}
+	wg.Go(func() { _ = rl.Run(ctx) })
+	wg.Go(func() { _ = w.Run(ctx) })
+	wg.Go(func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for n := 1; ; n++ {
+			var tasks []outbox.Task
+			for i := range 8 {
+				id := fmt.Sprintf("order-%d-%d", n, i)
+				kind := "normal"
+				switch r := mathrand.IntN(100); {
+				case r < 3:
+					kind = "doomed"
+				case r < 13:
+					kind = "flaky"
+				}
+				payload := fmt.Sprintf(`{"order_id":%q,"amount_cents":%d,"kind":%q}`, id, 100+mathrand.IntN(9900), kind)
+				tasks = append(tasks,
+					outbox.Task{Queue: "charge", ID: id, Payload: []byte(payload), Delay: time.Duration(mathrand.IntN(20000)) * time.Millisecond},
+					outbox.Task{Queue: "email", ID: id + ":receipt", Payload: []byte(`{"order_id":"` + id + `"}`), Delay: time.Duration(5000+mathrand.IntN(60000)) * time.Millisecond})
+			}
+			_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := ob.EnqueueMany(ctx, tx, tasks)
+				return err
+			})
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return nil
+}
+
+// cleanupDemo removes the demo's schema and keys (as delayq demo does).
+func cleanupDemo(pool *pgxpool.Pool, rdb redis.UniversalClient, schema, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	del := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		for _, k := range keys { // one by one: in a Cluster, keys of many slots
+			node.Unlink(ctx, k)
+		}
+		return iter.Err()
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return del(ctx, n) })
+		return
+	}
+	_ = del(ctx, rdb)
+}
