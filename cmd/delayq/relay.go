@@ -9,6 +9,7 @@ import (
 
 	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/delayq/delayq/relay"
+	"github.com/delayq/delayq/schedule"
 )
 
 func runRelay(ctx context.Context, m *Main, args []string) error {
@@ -23,11 +24,13 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		queues       string
 		logFormat    string
 		logLevel     string
+		schedules    string
 	)
 	fs := newFlagSet(m, "relay", "relay [flags]",
 		"  DATABASE_URL=postgres://app@db/app REDIS_URL=redis://cache:6379 delayq relay\n"+
 			"  delayq relay --horizon 10m --listen :9090 --log-format json\n"+
-			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n")
+			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n"+
+			"  delayq relay --schedules schedules.yaml     # also enqueue periodic tasks (see delayq schedules --help)\n")
 	conn.register(fs, m, true, true)
 	fs.DurationVar(&horizon, "horizon", relay.DefaultHorizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
 	fs.IntVar(&batch, "batch", relay.DefaultBatchSize, "most rows one round moves (1..10000)")
@@ -38,6 +41,7 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	fs.StringVar(&queues, "queues", "", "comma-separated queues to relay and reap (default: all)")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -57,6 +61,11 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		ReapInterval: offIfZero(reapInterval),
 		Retention:    offIfZero(retention),
 		Logger:       logger,
+	}
+	if schedules != "" {
+		if cfg.Schedules, err = schedule.Load(schedules); err != nil {
+			return usagef("--schedules: %v", err)
+		}
 	}
 	if queues != "" {
 		for q := range strings.SplitSeq(queues, ",") {
