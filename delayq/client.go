@@ -421,6 +421,24 @@ func (c *Client) Stats(ctx context.Context, queue string) (Stats, error) {
 	return parseStats(v)
 }
 
+// Overdue counts the ready tasks of queue due more than after ago by the Redis
+// clock: due, and not claimed for that long.
+func (c *Client) Overdue(ctx context.Context, queue string, after time.Duration) (int64, error) {
+	k, err := c.Keys(queue)
+	if err != nil {
+		return 0, err
+	}
+	now, err := c.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("delayq: overdue %s: %w", queue, err)
+	}
+	n, err := c.rdb.ZCount(ctx, k.Ready, "-inf", "("+formatScore(now.Add(-after))).Result()
+	if err != nil {
+		return 0, fmt.Errorf("delayq: overdue %s: %w", queue, err)
+	}
+	return n, nil
+}
+
 // Inspect reads up to 1000 tasks of queue in one atomic step, in the order of ids.
 // Tasks that do not exist come back with State StateMissing.
 func (c *Client) Inspect(ctx context.Context, queue string, ids ...string) ([]TaskInfo, error) {

@@ -28,6 +28,12 @@ const (
 	DefaultBackoffMin        = 100 * time.Millisecond
 	DefaultBackoffMax        = 5 * time.Second
 	DefaultRoundTimeout      = 30 * time.Second
+	DefaultRepairRate        = 5000
+	DefaultRepairBatch       = 500
+	DefaultRepairPause       = 30 * time.Second
+	DefaultLossCheckInterval = time.Second
+	DefaultLeaderRetry       = 5 * time.Second
+	DefaultOverdueAfter      = time.Minute
 )
 
 // Config configures a Relay. The zero value means every default. Durations that
@@ -103,6 +109,28 @@ type Config struct {
 	// afterEnqueue, when set (by tests), runs after the Redis write and before the
 	// commit of a round; an error it returns aborts the round.
 	afterEnqueue func() error
+
+	// RepairRate is how many queued rows a second the anti-entropy pass compares
+	// with Redis (one probe per RepairBatch rows: 10 Redis calls a second by
+	// default, more only for what it repairs): a pass over 1,000,000 queued rows
+	// takes under 4 minutes. After a detected Redis loss the pass runs at full
+	// speed. Default 5000; -1 turns self-healing off (loss detection too).
+	RepairRate int
+	// RepairBatch is how many rows one step of the pass reads and probes
+	// (1..1000). Default 500.
+	RepairBatch int
+	// RepairPause is the wait between two complete passes. Default 30s.
+	RepairPause time.Duration
+	// LossCheckInterval is how often the leader reads the epoch marks of the
+	// Redis masters, the bound on how late a Redis loss is detected. Default 1s.
+	LossCheckInterval time.Duration
+	// LeaderRetry: a relay that does not lead the self-healing tries to every
+	// LeaderRetry (jittered), so one takes over that long after the leader ends.
+	// Default 5s.
+	LeaderRetry time.Duration
+	// OverdueAfter: a task in Redis due more than this long ago and not claimed is
+	// overdue (delayq_relay_overdue_tasks). Default 1m.
+	OverdueAfter time.Duration
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -136,6 +164,12 @@ func (c Config) WithDefaults() Config {
 	def(&c.StatsInterval, DefaultStatsInterval)
 	def(&c.BackoffMin, DefaultBackoffMin)
 	def(&c.BackoffMax, DefaultBackoffMax)
+	defInt(&c.RepairRate, DefaultRepairRate)
+	defInt(&c.RepairBatch, DefaultRepairBatch)
+	def(&c.RepairPause, DefaultRepairPause)
+	def(&c.LossCheckInterval, DefaultLossCheckInterval)
+	def(&c.LeaderRetry, DefaultLeaderRetry)
+	def(&c.OverdueAfter, DefaultOverdueAfter)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -185,6 +219,10 @@ func (c Config) validate() error {
 		{"StatsInterval", c.StatsInterval, true},
 		{"BackoffMin", c.BackoffMin, false},
 		{"BackoffMax", c.BackoffMax, false},
+		{"RepairPause", c.RepairPause, false},
+		{"LossCheckInterval", c.LossCheckInterval, false},
+		{"LeaderRetry", c.LeaderRetry, false},
+		{"OverdueAfter", c.OverdueAfter, false},
 	} {
 		if err := positive(p.name, p.d, p.canBeOff); err != nil {
 			return err
@@ -197,6 +235,10 @@ func (c Config) validate() error {
 		return bad("ReapBatch %d: 1..10000", c.ReapBatch)
 	case c.RetentionBatch < 1 || c.RetentionBatch > 100000:
 		return bad("RetentionBatch %d: 1..100000", c.RetentionBatch)
+	case c.RepairRate < 1 && c.RepairRate != -1:
+		return bad("RepairRate %d: rows a second, at least 1, or -1 for off", c.RepairRate)
+	case c.RepairBatch < 1 || c.RepairBatch > 1000:
+		return bad("RepairBatch %d: 1..1000", c.RepairBatch)
 	case c.BackoffMax < c.BackoffMin:
 		return bad("BackoffMax %v below BackoffMin %v", c.BackoffMax, c.BackoffMin)
 	}

@@ -164,3 +164,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// storeErr counts and reports an error of a step that talks to both servers:
+// Postgres's when it came from Postgres, else Redis's.
+func (r *Relay) storeErr(kind, op string, err error) error {
+	var pgErr *pgconn.PgError
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &pgErr) || errors.As(err, &connErr) || pgconn.SafeToRetry(err) {
+		return r.pgErr(kind, op, err)
+	}
+	return r.redisErr(kind, op, err)
+}

@@ -22,6 +22,14 @@ import (
 //	                                            row had finished: removed from Redis), orphan
 //	delayq_relay_errors_total{kind}             errors: postgres, redis, listen, reap, retention, stats
 //	delayq_relay_retention_deleted_total        finished rows deleted by the retention
+//	delayq_relay_divergences_total{kind,result} disagreements of Postgres and Redis the
+//	                                            anti-entropy found and repaired, by kind
+//	delayq_relay_redis_losses_total             Redis losses detected (a master without its
+//	                                            epoch mark: restarted, flushed, failed over)
+//	delayq_relay_repair_pass_age_seconds        age of the last complete anti-entropy pass
+//	delayq_relay_heal_leader                    1 while this relay leads the self-healing
+//	delayq_relay_overdue_tasks{queue}           tasks in Redis due more than OverdueAfter ago
+//	                                            and not claimed
 //
 // Several relays may run in one process only with different registerers (or nil).
 type metrics struct {
@@ -32,9 +40,15 @@ type metrics struct {
 	reaped    *prometheus.CounterVec
 	errs      *prometheus.CounterVec
 	retention prometheus.Counter
+
+	divergences *prometheus.CounterVec
+	losses      prometheus.Counter
+	passAge     prometheus.GaugeFunc
+	leader      prometheus.Gauge
+	overdue     *prometheus.GaugeVec
 }
 
-func newMetrics() *metrics {
+func newMetrics(passAge func() float64) *metrics {
 	m := &metrics{
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_rows_total",
@@ -59,21 +73,41 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_errors_total",
-			Help: "Relay errors by kind: postgres, redis, listen, reap, retention, stats.",
+			Help: "Relay errors by kind: postgres, redis, listen, reap, retention, stats, heal.",
 		}, []string{"kind"}),
 		retention: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "delayq_relay_retention_deleted_total",
 			Help: "Finished outbox rows (done, cancelled) deleted after the retention.",
 		}),
+		divergences: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "delayq_relay_divergences_total",
+			Help: "Disagreements between PostgreSQL and Redis found by the anti-entropy pass, by kind, and how many it repaired (result found or repaired).",
+		}, []string{"kind", "result"}),
+		losses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "delayq_relay_redis_losses_total",
+			Help: "Redis data losses detected: a master without its epoch mark (restarted without persistence, flushed, or failed over to a replica without it). Each starts a full repair.",
+		}),
+		passAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "delayq_relay_repair_pass_age_seconds",
+			Help: "Seconds since this relay completed its last anti-entropy pass (0 before the first, and on relays that do not lead).",
+		}, passAge),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "delayq_relay_heal_leader",
+			Help: "1 while this relay leads the self-healing (loss detection and anti-entropy), else 0.",
+		}),
+		overdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "delayq_relay_overdue_tasks",
+			Help: "Tasks in Redis due more than OverdueAfter ago and not claimed, by queue, refreshed every StatsInterval. Tasks Redis lost count in delayq_relay_divergences_total until repaired.",
+		}, []string{"queue"}),
 	}
 	// Export every label value from the start, so dashboards see zeros.
 	for _, r := range []string{"added", "duplicate", "replaced", "invalid"} {
 		m.rows.WithLabelValues(r)
 	}
-	for _, r := range []string{"requeued", "dead", "orphan"} {
+	for _, r := range []string{"requeued", "dead", "finished", "orphan"} {
 		m.reaped.WithLabelValues(r)
 	}
-	for _, k := range []string{errPostgres, errRedis, errListen, errReap, errRetention, errStats} {
+	for _, k := range []string{errPostgres, errRedis, errListen, errReap, errRetention, errStats, errHeal} {
 		m.errs.WithLabelValues(k)
 	}
 	return m
@@ -87,10 +121,12 @@ const (
 	errReap      = "reap"
 	errRetention = "retention"
 	errStats     = "stats"
+	errHeal      = "heal"
 )
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.batch, m.lag, m.depth, m.reaped, m.errs, m.retention}
+	return []prometheus.Collector{m.rows, m.batch, m.lag, m.depth, m.reaped, m.errs, m.retention,
+		m.divergences, m.losses, m.passAge, m.leader, m.overdue}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -37,6 +37,8 @@ type Relay struct {
 	queuesMu  sync.Mutex
 	queued    []string // queues with queued rows, as last read from Postgres
 	refreshed time.Time
+
+	heal healState
 }
 
 // New returns a Relay on pool (the outbox database) and dq (the Redis side). cfg is
@@ -58,9 +60,10 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 		table:   store.Table(),
 		store:   store,
 		sql:     store.SQL,
-		metrics: newMetrics(),
+		metrics: nil, // below: its gauge functions read r
 		wake:    make(chan struct{}, 1),
 	}
+	r.metrics = newMetrics(r.lastPassAge)
 	r.pg = newHealth("PostgreSQL", cfg.Logger)
 	r.rd = newHealth("Redis", cfg.Logger)
 	if err := r.metrics.register(cfg.Registerer); err != nil {
@@ -104,6 +107,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.StatsInterval > 0 {
 		loops = append(loops, r.statsLoop)
+	}
+	if r.cfg.RepairRate != -1 {
+		loops = append(loops, r.healLoop)
 	}
 	loops = append(loops, r.featureLoops()...) // schedule.go
 	for _, loop := range loops {

@@ -234,7 +234,8 @@ func TestFailureAfterRedisWrite(t *testing.T) {
 
 // Redis stopped for a while and started again, empty: the relay logs the outage
 // once, backs off, resumes by itself, and every row committed while Redis was
-// down arrives.
+// down arrives. (Self-healing, which restores the rows queued before, is off
+// here; TestSelfHealsAfterFlush and the fault suite cover it.)
 func TestRedisRestart(t *testing.T) {
 	t.Parallel()
 	own := testenv.OwnRedis(t)
@@ -242,6 +243,7 @@ func TestRedisRestart(t *testing.T) {
 	b := newBundle(t, rdb, "dq")
 	logs := &logRecorder{next: testLogger(t).Handler()}
 	rl := b.start(t, relay.Config{
+		RepairRate:   -1,
 		PollInterval: time.Minute,
 		BackoffMin:   20 * time.Millisecond,
 		BackoffMax:   200 * time.Millisecond,
@@ -279,8 +281,9 @@ func TestRedisRestart(t *testing.T) {
 	for _, ts := range batch("during", 100) {
 		want = append(want, ts.ID)
 	}
-	// A restart without persistence lost the "before" tasks (reconcile restores
-	// them from their queued rows); everything committed during the outage is here.
+	// A restart without persistence lost the "before" tasks (self-healing, off
+	// here, restores them from their queued rows); everything committed during
+	// the outage is here.
 	if !slices.Equal(got, want) {
 		t.Errorf("Redis holds %d tasks after the restart, want the 100 committed during the outage: %v", len(got), got)
 	}

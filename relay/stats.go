@@ -39,6 +39,7 @@ func (r *Relay) refreshStats(ctx context.Context, finished bool) error {
 	}
 	r.metrics.depth.WithLabelValues("pending").Set(float64(pending))
 	r.metrics.depth.WithLabelValues("queued").Set(float64(queued))
+	r.refreshOverdue(ctx)
 	if !finished {
 		return nil
 	}
@@ -68,4 +69,16 @@ func (r *Relay) refreshStats(ctx context.Context, finished bool) error {
 		r.metrics.depth.WithLabelValues(state).Set(float64(n))
 	}
 	return nil
+}
+
+// refreshOverdue sets the overdue gauge of every queue the reaper visits.
+func (r *Relay) refreshOverdue(ctx context.Context) {
+	for _, q := range r.queues(ctx) {
+		n, err := r.dq.Overdue(ctx, q, r.cfg.OverdueAfter)
+		if err != nil {
+			r.redisErr(errStats, "overdue "+q, err) //nolint:errcheck // counted and logged
+			return
+		}
+		r.metrics.overdue.WithLabelValues(q).Set(float64(n))
+	}
 }

@@ -184,6 +184,7 @@ func relayConfig(log *slog.Logger) relay.Config {
 		BatchSize: 50, PollInterval: time.Second, RoundTimeout: 10 * time.Second,
 		ReapInterval: reapInterval, Retention: -1, StatsInterval: -1,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond, Logger: log,
+		LossCheckInterval: 100 * time.Millisecond, LeaderRetry: 500 * time.Millisecond,
 	}
 }
 

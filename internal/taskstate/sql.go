@@ -55,7 +55,7 @@ type Statements struct {
 	PendingLag, PendingLagSome   string
 
 	// Reconcile, check and the dead-letter tools.
-	AllQueues, CountQueue, Page, Exists, Lookup, Lock string
+	AllQueues, CountQueue, Page, PageQueued, Exists, Lookup, Lock string
 	ListDead, RetryDead, PurgeDead                    string
 }
 
@@ -323,6 +323,14 @@ SELECT queue FROM q WHERE queue IS NOT NULL`, table),
 		// Keyset pagination on the primary key: each page is an index range scan.
 		Page: fmt.Sprintf(`SELECT task_id, state, version FROM %s
 WHERE queue = $1 AND task_id > $2
+ORDER BY task_id
+LIMIT $3`, table),
+
+		// $1 queue, $2 the last task id of the previous page ('' first), $3 limit:
+		// Page of the queued rows alone, for the relay's anti-entropy. A range scan
+		// of the primary key that skips the other rows.
+		PageQueued: fmt.Sprintf(`SELECT task_id, state, version FROM %s
+WHERE queue = $1 AND task_id > $2 AND state = 'queued'
 ORDER BY task_id
 LIMIT $3`, table),
 

@@ -243,40 +243,8 @@ func (e *engine) walkPostgres(ctx context.Context, q string) error {
 			break
 		}
 		after = page[len(page)-1].id
-		// Rows whose id Redis could not hold (written around the producer's
-		// validation) are left out: they have no Redis side to compare.
-		var ids []string
-		var valid []row
-		for _, r := range page {
-			if validate.TaskID(r.id) == nil {
-				ids = append(ids, r.id)
-				valid = append(valid, r)
-			}
-		}
-		if len(ids) > 0 {
-			now, probes, err := e.dq.Probe(ctx, q, ids...)
-			if err != nil {
-				return fmt.Errorf("reconcile: %w", err)
-			}
-			var cands []string
-			first := map[string]Kind{}
-			for i := range valid {
-				v := classify(&valid[i], probes[i], now, e.o.Grace)
-				if v.expired {
-					e.rep.ExpiredLeases.Found++
-					e.rep.ExpiredLeases.Skipped++
-					e.rep.ExpiredLeases.sample(q, ids[i], e.o.Samples)
-				}
-				if v.kind != "" {
-					cands = append(cands, ids[i])
-					first[ids[i]] = v.kind
-				}
-			}
-			if len(cands) > 0 {
-				if err := e.settle(ctx, q, cands, first, 0); err != nil {
-					return err
-				}
-			}
+		if err := e.comparePage(ctx, q, page); err != nil {
+			return err
 		}
 		done += len(page)
 		e.rep.Rows += len(page)
@@ -286,6 +254,111 @@ func (e *engine) walkPostgres(ctx context.Context, q string) error {
 		}
 	}
 	return nil
+}
+
+// comparePage probes what Redis holds of a page of rows of queue q and settles
+// those it disagrees with.
+func (e *engine) comparePage(ctx context.Context, q string, page []row) error {
+	// Rows whose id Redis could not hold (written around the producer's
+	// validation) are left out: they have no Redis side to compare.
+	var ids []string
+	var valid []row
+	for _, r := range page {
+		if validate.TaskID(r.id) == nil {
+			ids = append(ids, r.id)
+			valid = append(valid, r)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	now, probes, err := e.dq.Probe(ctx, q, ids...)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	var cands []string
+	first := map[string]Kind{}
+	for i := range valid {
+		v := classify(&valid[i], probes[i], now, e.o.Grace)
+		if v.expired {
+			e.rep.ExpiredLeases.Found++
+			e.rep.ExpiredLeases.Skipped++
+			e.rep.ExpiredLeases.sample(q, ids[i], e.o.Samples)
+		}
+		if v.kind != "" {
+			cands = append(cands, ids[i])
+			first[ids[i]] = v.kind
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	return e.settle(ctx, q, cands, first, 0)
+}
+
+// Pass compares the queued rows of the outbox with Redis a page at a time, and
+// repairs what disagrees through the compare-and-set path of Reconcile: the
+// relay's continuous anti-entropy. Rows are read in key order, so a caller can
+// spread a pass over time and resume it from the last id. Safe beside running
+// relays and workers, as Reconcile is.
+type Pass struct{ e *engine }
+
+// NewPass prepares a pass with opts (Queues, DryRun and Progress are not used).
+func NewPass(db DB, dq *delayq.Client, opts Options) (*Pass, error) {
+	opts.DryRun, opts.Queues, opts.Progress = false, nil, nil
+	e, err := newEngine(db, dq, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Pass{e: e}, nil
+}
+
+// Step compares up to Options.BatchSize queued rows of queue whose ids sort after
+// after ("" for the first), repairs what disagrees, and returns the last id it read
+// ("" when the queue has no more) and how many rows it read.
+func (p *Pass) Step(ctx context.Context, queue, after string) (last string, n int, err error) {
+	rows, err := p.e.db.Query(ctx, p.e.st.PageQueued, queue, after, p.e.o.BatchSize)
+	if err != nil {
+		return "", 0, fmt.Errorf("reconcile: read %s: %w", queue, err)
+	}
+	page, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		err := r.Scan(&x.id, &x.state, &x.version)
+		return x, err
+	})
+	if err != nil {
+		return "", 0, fmt.Errorf("reconcile: read %s: %w", queue, err)
+	}
+	if len(page) == 0 {
+		return "", 0, nil
+	}
+	if err := p.e.comparePage(ctx, queue, page); err != nil {
+		return "", 0, err
+	}
+	p.e.rep.Rows += len(page)
+	if len(page) < p.e.o.BatchSize {
+		return "", len(page), nil
+	}
+	return page[len(page)-1].id, len(page), nil
+}
+
+// Report returns what the pass found and repaired since NewPass or the last Reset.
+func (p *Pass) Report() Report {
+	r := *p.e.rep
+	r.Kinds = make(map[Kind]*Bucket, len(p.e.rep.Kinds))
+	for k, b := range p.e.rep.Kinds {
+		c := *b
+		r.Kinds[k] = &c
+	}
+	return r
+}
+
+// Reset starts the counts of Report anew.
+func (p *Pass) Reset() {
+	p.e.rep = &Report{Kinds: make(map[Kind]*Bucket)}
+	for _, k := range AllKinds() {
+		p.e.rep.Kinds[k] = &Bucket{}
+	}
 }
 
 // walkRedis goes through everything Redis holds for queue q and settles the ids

@@ -1,0 +1,363 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/relay/reconcile"
+)
+
+// Self-healing (docs/DESIGN.md, "Self-healing"). One relay of those sharing an
+// outbox, the leader (it holds a Postgres advisory lock for as long as its
+// connection lives), runs two things:
+//
+//   - loss detection: every LossCheckInterval it reads the epoch mark of every
+//     Redis master (delayq.Client.Epochs). A mark that is gone or changed means
+//     that master restarted without persistence, was flushed or failed over to a
+//     replica without the mark: a full repair starts at once, at full speed.
+//   - anti-entropy: a continuous pass over the queued rows of every queue, compared
+//     with Redis and repaired through reconcile's compare-and-set path, paced to
+//     RepairRate rows a second, RepairPause between passes.
+//
+// A leader and not a split of the work: a pass is cheap (one probe per page) and
+// its pace is the budget; one leader keeps that budget whatever the number of
+// replicas, needs no shared cursor, and a replica takes over within
+// LeaderRetry when the leader's connection ends.
+
+// healState is what /readyz and the metrics say of the healing.
+type healState struct {
+	mu        sync.Mutex
+	leader    bool
+	repairing string    // why a full repair runs ("" when none does)
+	since     time.Time // when it started
+	lastPass  time.Time // end of the last complete pass
+}
+
+// Repairing reports whether this relay is repairing Redis after a detected loss,
+// and why, for /readyz.
+func (r *Relay) Repairing() (reason string, ok bool) {
+	r.heal.mu.Lock()
+	defer r.heal.mu.Unlock()
+	if r.heal.repairing == "" {
+		return "", false
+	}
+	return fmt.Sprintf("%s (repairing for %v)", r.heal.repairing, time.Since(r.heal.since).Round(time.Second)), true
+}
+
+// lastPassAge is the age of the last complete anti-entropy pass (0 before any).
+func (r *Relay) lastPassAge() float64 {
+	r.heal.mu.Lock()
+	defer r.heal.mu.Unlock()
+	if r.heal.lastPass.IsZero() {
+		return 0
+	}
+	return time.Since(r.heal.lastPass).Seconds()
+}
+
+// advisoryKey is the lock the leader holds: one per outbox table.
+func (r *Relay) advisoryKey() string { return "delayq heal " + r.table }
+
+// healLoop tries to lead; while it leads, it heals.
+func (r *Relay) healLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		conn, err := r.lead(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.pgErr(errHeal, "try the leader lock", err) //nolint:errcheck // counted and logged
+		}
+		if conn != nil {
+			r.setLeader(true)
+			err := r.healAsLeader(ctx, conn)
+			r.setLeader(false)
+			// The lock lives as long as the session: close it, not back to the pool
+			// still holding the lock.
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			conn.Release()
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("relay: self-healing paused", "error", err.Error())
+			}
+		}
+		// Another relay leads, or ours failed: try again later (jittered).
+		if !sleep(ctx, r.cfg.LeaderRetry/2+rand.N(r.cfg.LeaderRetry/2+1)) {
+			return
+		}
+	}
+}
+
+func (r *Relay) setLeader(on bool) {
+	r.heal.mu.Lock()
+	r.heal.leader = on
+	if !on {
+		r.heal.repairing = ""
+	}
+	r.heal.mu.Unlock()
+	r.metrics.leader.Set(map[bool]float64{true: 1, false: 0}[on])
+}
+
+// lead returns a connection holding the leader's advisory lock, or nil when
+// another relay holds it. The lock lasts as long as the connection.
+func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, error) {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, r.advisoryKey()).Scan(&got); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	if !got {
+		conn.Release()
+		return nil, nil
+	}
+	return conn, nil
+}
+
+// errLeadership ends a leader's term: its lock connection failed.
+var errLeadership = errors.New("relay: the leader's lock connection failed")
+
+// healAsLeader runs passes until ctx ends or the lock connection fails.
+func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) error {
+	pass, err := reconcile.NewPass(r.pool, r.dq, reconcile.Options{
+		Schema: r.cfg.Schema, NotifyChannel: r.cfg.NotifyChannel, BatchSize: r.cfg.RepairBatch, Logger: r.cfg.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	h := &healer{r: r, conn: conn, pass: pass}
+	marks, err := r.dq.Epochs(ctx)
+	if err != nil {
+		r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged
+		return err
+	}
+	h.marks = marks
+	r.cfg.Logger.Info("relay: leading self-healing", "epochs", len(marks))
+	// A master without a mark when the term starts lost data while no relay
+	// watched, or a leader died repairing it (marks are written again only when a
+	// repair completes), or this is a first start. The first pass runs at full
+	// speed; it is cheap when nothing is missing.
+	var unmarked []string
+	for _, m := range marks {
+		if m.Value == "" {
+			unmarked = append(unmarked, m.Shard)
+		}
+	}
+	if len(unmarked) > 0 {
+		h.lossDetected("no epoch mark when the term began (shards "+strings.Join(unmarked, ",")+")", unmarked, false)
+	}
+	for ctx.Err() == nil {
+		if err := h.runPass(ctx); err != nil {
+			return err
+		}
+		if !h.wait(ctx, r.cfg.RepairPause) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// healer is one leader's term.
+type healer struct {
+	r         *Relay
+	conn      *pgxpool.Conn
+	pass      *reconcile.Pass
+	marks     []delayq.Epoch
+	lastCheck time.Time
+	urgent    bool // a loss was detected: the current pass runs at full speed
+	restart   bool // a loss was detected during a pass: start it over
+}
+
+// check reads the epoch marks when LossCheckInterval has passed, and the leader's
+// lock connection. A loss makes the pass urgent and restarts it.
+func (h *healer) check(ctx context.Context) error {
+	if time.Since(h.lastCheck) < h.r.cfg.LossCheckInterval {
+		return nil
+	}
+	h.lastCheck = time.Now()
+	if err := h.conn.Ping(ctx); err != nil {
+		return fmt.Errorf("%w: %w", errLeadership, err)
+	}
+	now, err := h.r.dq.Epochs(ctx)
+	if err != nil {
+		h.r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged; checked again
+		return nil
+	}
+	h.r.rd.ok()
+	// A mark that differs from the one this term knows: gone (restart without
+	// persistence, flush, failover to a replica without it) or another (a replica
+	// with an older mark). A known-missing mark that is still missing is the
+	// repair in hand, not a new loss.
+	var lost []string
+	for _, e := range now {
+		i := slices.IndexFunc(h.marks, func(m delayq.Epoch) bool { return m.Shard == e.Shard })
+		if i < 0 || e.Value != h.marks[i].Value {
+			lost = append(lost, e.Shard)
+		}
+	}
+	if len(lost) == 0 && len(now) == len(h.marks) {
+		return nil
+	}
+	for i := range now {
+		if slices.Contains(lost, now[i].Shard) {
+			now[i].Value = "" // written again when the repair completes
+		}
+	}
+	h.marks = now
+	reason := "Redis lost data (shards " + strings.Join(lost, ",") + ")"
+	if len(lost) == 0 {
+		reason = "the Redis Cluster's masters changed"
+	}
+	h.lossDetected(reason, lost, true)
+	return nil
+}
+
+// lossDetected starts a full repair at full speed; counted as a loss when it is
+// one (not at a term's start).
+func (h *healer) lossDetected(reason string, shards []string, loss bool) {
+	if loss {
+		h.r.metrics.losses.Inc()
+		h.r.cfg.Logger.Warn("relay: "+reason+"; repairing from PostgreSQL at once", "shards", shards)
+	} else {
+		h.r.cfg.Logger.Info("relay: "+reason+"; repairing from PostgreSQL at full speed", "shards", shards)
+	}
+	h.r.heal.mu.Lock()
+	h.r.heal.repairing, h.r.heal.since = reason, time.Now()
+	h.r.heal.mu.Unlock()
+	h.urgent, h.restart = true, true
+}
+
+// wait waits d (the pause between passes), checking the marks meanwhile. It
+// returns early, true, when a loss is detected, and false when ctx ends.
+func (h *healer) wait(ctx context.Context, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if err := h.check(ctx); err != nil {
+			return ctx.Err() == nil && !errors.Is(err, errLeadership)
+		}
+		if h.urgent {
+			return true
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return true
+		}
+		if !sleep(ctx, min(left, h.r.cfg.LossCheckInterval)) {
+			return false
+		}
+	}
+}
+
+// runPass compares every queue's queued rows with Redis once, repairing as it
+// goes, paced to RepairRate unless urgent. A loss detected on the way starts it
+// over.
+func (h *healer) runPass(ctx context.Context) error {
+	r := h.r
+	for start := true; start; {
+		start = false
+		h.restart = false
+		h.pass.Reset()
+		begun := time.Now()
+		for _, q := range r.healQueues(ctx) {
+			for after := ""; ; {
+				if err := h.check(ctx); err != nil {
+					return err
+				}
+				if h.restart {
+					break
+				}
+				stepStart := time.Now()
+				before := h.pass.Report()
+				last, n, err := h.pass.Step(ctx, q, after)
+				if err != nil {
+					r.storeErr(errHeal, "anti-entropy "+q, err) //nolint:errcheck // counted and logged
+					if !sleep(ctx, r.cfg.BackoffMax) {
+						return ctx.Err()
+					}
+					continue
+				}
+				r.countDivergences(q, before, h.pass.Report())
+				if last == "" {
+					break
+				}
+				after = last
+				if !h.urgent && r.cfg.RepairRate > 0 {
+					// Pace: n rows at RepairRate rows a second.
+					if d := time.Duration(float64(n)/float64(r.cfg.RepairRate)*float64(time.Second)) - time.Since(stepStart); d > 0 {
+						if !h.wait(ctx, d) {
+							return ctx.Err()
+						}
+					}
+				}
+			}
+			if h.restart || ctx.Err() != nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if h.restart {
+			start = true
+			continue
+		}
+		rep := h.pass.Report()
+		if h.urgent {
+			// Repaired: mark the masters again, so that a later loss shows.
+			marks, err := r.dq.EnsureEpochs(ctx)
+			if err != nil {
+				r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged
+				return err
+			}
+			h.marks = marks
+		}
+		r.heal.mu.Lock()
+		r.heal.lastPass = time.Now()
+		wasRepairing := r.heal.repairing
+		r.heal.repairing = ""
+		r.heal.mu.Unlock()
+		if wasRepairing != "" || rep.Found > 0 {
+			r.cfg.Logger.Info("relay: anti-entropy pass complete", "rows", rep.Rows, "found", rep.Found,
+				"repaired", rep.Repaired, "skipped", rep.Skipped, "took", time.Since(begun).Round(time.Millisecond).String(),
+				"after_loss", wasRepairing != "")
+		}
+		h.urgent = false
+	}
+	return nil
+}
+
+// healQueues are the queues a pass visits: those with queued rows in Postgres,
+// read afresh (a queue Redis lost has no registry entry any more).
+func (r *Relay) healQueues(ctx context.Context) []string {
+	if len(r.cfg.Queues) > 0 {
+		return r.cfg.Queues
+	}
+	qs, err := r.queuedQueues(ctx)
+	if err != nil {
+		r.pgErr(errHeal, "queues with queued rows", err) //nolint:errcheck // counted and logged
+		return nil
+	}
+	return qs
+}
+
+// countDivergences adds what one step found and repaired to the metrics.
+func (r *Relay) countDivergences(q string, before, after reconcile.Report) {
+	for k, b := range after.Kinds {
+		was := before.Kinds[k]
+		if found := b.Found - was.Found; found > 0 {
+			r.metrics.divergences.WithLabelValues(string(k), "found").Add(float64(found))
+			r.cfg.Logger.Info("relay: divergence between PostgreSQL and Redis", "queue", q, "kind", string(k),
+				"found", found, "repaired", b.Repaired-was.Repaired, "sample", strings.Join(b.Samples, ","))
+		}
+		if repaired := b.Repaired - was.Repaired; repaired > 0 {
+			r.metrics.divergences.WithLabelValues(string(k), "repaired").Add(float64(repaired))
+		}
+	}
+}
