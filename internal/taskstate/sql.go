@@ -56,7 +56,7 @@ type Statements struct {
 
 	// Reconcile, check and the dead-letter tools.
 	AllQueues, CountQueue, Page, PageQueued, Exists, Lookup, Lock string
-	ListDead, RetryDead, PurgeDead                    string
+	ListDead, RetryDead, PurgeDead                                string
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
