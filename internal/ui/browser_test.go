@@ -1,0 +1,232 @@
+package ui
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/outbox"
+)
+
+// The browser tests drive a headless Chromium (Debian's chromium package, which
+// make servers installs) the way a person uses the dashboard. One browser
+// process serves every test: each gets a tab of its own.
+
+// ScreenshotsEnv names the folder the browser tests write their screenshots to
+// (default: delayq-ui-screenshots in the temporary directory).
+const ScreenshotsEnv = "DELAYQ_UI_SCREENSHOTS"
+
+func chromiumPath(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("DELAYQ_SKIP_BROWSER") != "" {
+		t.Skip("no Chromium, and DELAYQ_SKIP_BROWSER is set")
+	}
+	t.Fatal("no Chromium: run `make servers` (Debian/Ubuntu: apt-get install chromium), or set DELAYQ_SKIP_BROWSER=1")
+	return ""
+}
+
+func TestBrowser(t *testing.T) {
+	t.Parallel()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.NoSandbox, // root in CI
+		chromedp.DisableGPU,
+		chromedp.WindowSize(1400, 900),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	// Start the browser now, in this test's goroutine.
+	if err := chromedp.Run(bctx); err != nil {
+		cancelBrowser()
+		cancelAlloc()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancelBrowser()
+		cancelAlloc()
+	})
+	shots := os.Getenv(ScreenshotsEnv)
+	if shots == "" {
+		shots = filepath.Join(os.TempDir(), "delayq-ui-screenshots")
+	}
+	if err := os.MkdirAll(shots, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots in %s", shots)
+	b := &browser{ctx: bctx, shots: shots}
+	t.Run("retry a dead task", func(t *testing.T) { t.Parallel(); b.retryDead(t) })
+	t.Run("reschedule a task", func(t *testing.T) { t.Parallel(); b.reschedule(t) })
+}
+
+type browser struct {
+	ctx   context.Context
+	shots string
+}
+
+// tab opens a tab that records every console error, uncaught exception and
+// error log entry (CSP violations, failed loads); the test fails on any.
+func (b *browser) tab(t *testing.T) (context.Context, func(...chromedp.Action)) {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(b.ctx)
+	ctx, cancelT := context.WithTimeout(ctx, time.Minute)
+	var mu sync.Mutex
+	var problems []string
+	chromedp.ListenTarget(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.APITypeError || ev.Type == runtime.APITypeWarning {
+				var args []string
+				for _, a := range ev.Args {
+					args = append(args, string(a.Value))
+				}
+				problems = append(problems, fmt.Sprintf("console.%s: %s", ev.Type, strings.Join(args, " ")))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, "exception: "+ev.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if ev.Entry.Level == log.LevelError || ev.Entry.Level == log.LevelWarning {
+				problems = append(problems, fmt.Sprintf("log %s: %s %s", ev.Entry.Level, ev.Entry.Text, ev.Entry.URL))
+			}
+		}
+	})
+	if err := chromedp.Run(ctx, log.Enable(), runtime.Enable()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancelT()
+		cancel()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range problems {
+			t.Errorf("browser console: %s", p)
+		}
+	})
+	run := func(actions ...chromedp.Action) {
+		t.Helper()
+		if err := chromedp.Run(ctx, actions...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctx, run
+}
+
+func (b *browser) screenshot(name string, buf *[]byte) chromedp.Action {
+	return chromedp.ActionFunc(func(ctx context.Context) error {
+		if err := chromedp.FullScreenshot(buf, 100).Do(ctx); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(b.shots, name+".png"), *buf, 0o644)
+	})
+}
+
+func login(e *env) chromedp.Tasks {
+	return chromedp.Tasks{
+		chromedp.Navigate(e.srv.URL + "/"),
+		chromedp.Click(`#login`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#token`, chromedp.ByQuery),
+		chromedp.SendKeys(`#token`, testToken, chromedp.ByQuery),
+		chromedp.Click(`#login-submit`, chromedp.ByQuery),
+		chromedp.WaitVisible(`table#queues`, chromedp.ByQuery),
+	}
+}
+
+// An operator opens the queues page, finds the dead task, retries it, sees it
+// run and leave the dead list.
+func (b *browser) retryDead(t *testing.T) {
+	e := newEnv(t, nil)
+	sys := e.runSystem(t, "mail")
+	var tasks []outbox.Task
+	for i := range 12 {
+		tasks = append(tasks, outbox.Task{Queue: "mail", ID: fmt.Sprintf("welcome-%02d", i),
+			Payload: []byte(fmt.Sprintf(`{"user_id":%d,"template":"welcome"}`, 1000+i))})
+	}
+	tasks = append(tasks, outbox.Task{Queue: "mail", ID: "order-42", Payload: []byte(`{"order_id":42,"kind":"fail"}`)})
+	for i := range 8 {
+		tasks = append(tasks, outbox.Task{Queue: "mail", ID: fmt.Sprintf("digest-%02d", i),
+			Payload: []byte(`{"template":"digest"}`), Delay: time.Duration(i+1) * time.Hour})
+	}
+	e.enqueue(t, tasks...)
+	e.waitState(t, "mail", "order-42", taskstate.Dead)
+	e.waitState(t, "mail", "welcome-11", taskstate.Done)
+	sys.fixed.Store(true)
+
+	_, run := b.tab(t)
+	var buf []byte
+	var deadCount, rows string
+	run(login(e),
+		chromedp.Text(`tr[data-queue="mail"] a[data-count="dead"]`, &deadCount, chromedp.ByQuery),
+		b.screenshot("queues", &buf),
+		chromedp.Click(`tr[data-queue="mail"] a[data-count="dead"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`tr[data-id="order-42"]`, chromedp.ByQuery),
+		chromedp.Text(`tr[data-id="order-42"] td.err`, &rows, chromedp.ByQuery),
+		b.screenshot("dead", &buf),
+	)
+	if deadCount != "1" || !strings.Contains(rows, "card declined: <b>not escaped?</b>") {
+		t.Fatalf("dead count %q, error %q", deadCount, rows)
+	}
+	run(chromedp.Click(`tr[data-id="order-42"] button.retry`, chromedp.ByQuery),
+		chromedp.WaitVisible(`p.flash`, chromedp.ByQuery))
+	e.waitState(t, "mail", "order-42", taskstate.Done)
+	var gone bool
+	run(chromedp.Reload(),
+		chromedp.WaitVisible(`main h1`, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelector('tr[data-id="order-42"]') === null`, &gone))
+	if !gone {
+		t.Fatal("the retried task is still on the dead list")
+	}
+	var state string
+	run(chromedp.Navigate(e.srv.URL+"/task?queue=mail&id=order-42"),
+		chromedp.Text(`#pg-state`, &state, chromedp.ByQuery),
+		b.screenshot("task", &buf))
+	if state != "done" {
+		t.Fatalf("task page: state %q", state)
+	}
+	if v, ok := sys.ran.Load("order-42"); !ok || v.(int) != 1 {
+		t.Fatalf("the retry did not run once as attempt 1: %v", v)
+	}
+	run(chromedp.Navigate(e.srv.URL+"/tasks?queue=mail"),
+		chromedp.WaitVisible(`table#tasks`, chromedp.ByQuery),
+		b.screenshot("tasks", &buf))
+}
+
+// An operator reschedules a task from its page: a new version, due later.
+func (b *browser) reschedule(t *testing.T) {
+	e := newEnv(t, nil)
+	e.enqueue(t, outbox.Task{Queue: "report", ID: "monthly-2026-11", Payload: []byte(`{"month":"2026-11"}`), Delay: time.Hour})
+	_, run := b.tab(t)
+	var version, flash string
+	run(login(e),
+		chromedp.Navigate(e.srv.URL+"/task?queue=report&id=monthly-2026-11"),
+		chromedp.WaitVisible(`#when`, chromedp.ByQuery),
+		chromedp.SendKeys(`#when`, "3h", chromedp.ByQuery),
+		chromedp.Click(`#reschedule`, chromedp.ByQuery),
+		chromedp.WaitVisible(`p.flash`, chromedp.ByQuery),
+		chromedp.Text(`p.flash`, &flash, chromedp.ByQuery),
+		chromedp.Text(`#pg-version`, &version, chromedp.ByQuery),
+	)
+	if version != "2" || !strings.Contains(flash, "rescheduled") {
+		t.Fatalf("after reschedule: version %q, flash %q", version, flash)
+	}
+	row, _, err := e.h.browse.Task(ctxT(t), e.pool, "report", "monthly-2026-11", 0)
+	if err != nil || time.Until(row.RunAt) < 2*time.Hour+50*time.Minute {
+		t.Fatalf("run_at %v (%v)", row.RunAt, err)
+	}
+}
