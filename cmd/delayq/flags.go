@@ -159,16 +159,16 @@ func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*side
 	return &sidecarDeps{pool: pool, rdb: rdb, dq: dq, reg: reg}, nil
 }
 
-// startAdmin serves /metrics, /healthz and /readyz (both servers checked) on
-// listen; an empty listen serves nothing and returns nil.
-func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger) (*sidecar.Server, error) {
+// startAdmin serves /metrics, /healthz and /readyz (both servers checked, and the
+// extra checks) on listen; an empty listen serves nothing and returns nil.
+func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger, extra ...sidecar.Check) (*sidecar.Server, error) {
 	if listen == "" {
 		return nil, nil
 	}
 	return sidecar.Start(sidecar.Config{
 		Addr:     listen,
 		Gatherer: s.reg,
-		Checks:   []sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)},
+		Checks:   append([]sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)}, extra...),
 		Logger:   logger,
 	})
 }

@@ -25,6 +25,8 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		logFormat    string
 		logLevel     string
 		schedules    string
+		repairRate   int
+		repairPause  time.Duration
 	)
 	fs := newFlagSet(m, "relay", "relay [flags]",
 		"  DATABASE_URL=postgres://app@db/app REDIS_URL=redis://cache:6379 delayq relay\n"+
@@ -39,6 +41,8 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	fs.DurationVar(&retention, "retention", relay.DefaultRetention, "delete done and cancelled rows this long after they finished; 0 keeps them")
 	fs.StringVar(&listen, "listen", sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
 	fs.StringVar(&queues, "queues", "", "comma-separated queues to relay and reap (default: all)")
+	fs.IntVar(&repairRate, "repair-rate", relay.DefaultRepairRate, "queued rows a second the self-healing pass compares with Redis; 0 turns self-healing (and Redis loss detection) off")
+	fs.DurationVar(&repairPause, "repair-pause", relay.DefaultRepairPause, "pause between two self-healing passes")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
@@ -53,7 +57,15 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
+	if repairRate < 0 {
+		return usagef("--repair-rate %d: rows a second, 0 for off", repairRate)
+	}
+	if repairRate == 0 {
+		repairRate = -1
+	}
 	cfg := relay.Config{
+		RepairRate:   repairRate,
+		RepairPause:  repairPause,
 		Schema:       conn.schema,
 		Horizon:      horizon,
 		BatchSize:    batch,
@@ -103,7 +115,15 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 
-	admin, err := deps.startAdmin(listen, logger)
+	// /readyz says degraded, with the reason, while the relay repairs Redis after
+	// a detected loss.
+	consistency := sidecar.Check{Name: "consistency", Func: func(context.Context) error {
+		if reason, repairing := rl.Repairing(); repairing {
+			return &sidecar.DegradedError{Reason: reason}
+		}
+		return nil
+	}}
+	admin, err := deps.startAdmin(listen, logger, consistency)
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,13 @@ type Check struct {
 	Func func(ctx context.Context) error
 }
 
+// DegradedError, returned by a check, says that it works but not fully (a relay
+// repairing Redis after a loss): /readyz lists it as "degraded" with the reason and
+// stays 200 unless another check fails.
+type DegradedError struct{ Reason string }
+
+func (e *DegradedError) Error() string { return e.Reason }
+
 // PostgresCheck pings PostgreSQL through pool.
 func PostgresCheck(pool *pgxpool.Pool) Check {
 	return Check{Name: "postgres", Func: pool.Ping}
@@ -215,6 +222,11 @@ func (s *Server) ready(w http.ResponseWriter, req *http.Request) {
 	var b strings.Builder
 	code := http.StatusOK
 	for _, r := range results {
+		var degraded *DegradedError
+		if errors.As(r.err, &degraded) {
+			fmt.Fprintf(&b, "%s: degraded: %s\n", r.name, strings.Join(strings.Fields(degraded.Reason), " "))
+			continue
+		}
 		if r.err != nil {
 			code = http.StatusServiceUnavailable
 			fmt.Fprintf(&b, "%s: %s\n", r.name, strings.Join(strings.Fields(r.err.Error()), " "))

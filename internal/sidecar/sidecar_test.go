@@ -115,6 +115,24 @@ func TestReadyChecks(t *testing.T) {
 	}
 }
 
+// A degraded check is listed with its reason and keeps /readyz at 200.
+func TestReadyDegraded(t *testing.T) {
+	t.Parallel()
+	s := start(t, sidecar.Config{
+		Gatherer: prometheus.NewRegistry(),
+		Checks: []sidecar.Check{
+			{Name: "consistency", Func: func(context.Context) error {
+				return &sidecar.DegradedError{Reason: "Redis lost data (shards 0) (repairing for 2s)"}
+			}},
+			{Name: "postgres", Func: func(context.Context) error { return nil }},
+		},
+	})
+	code, body := get(t, s, "/readyz")
+	if want := "consistency: degraded: Redis lost data (shards 0) (repairing for 2s)\npostgres: ok\n"; code != http.StatusOK || body != want {
+		t.Errorf("/readyz: %d %q, want 200 %q", code, body, want)
+	}
+}
+
 func TestReadyRealServers(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Postgres(t)
