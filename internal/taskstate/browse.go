@@ -130,8 +130,11 @@ var ErrBrowse = errors.New("taskstate: browse")
 
 // List lists up to limit rows after cur, choosing the statement whose index
 // serves f: with a prefix or without a state, the queue's rows by id; pending
-// rows by due time; finished rows the latest first; queued rows by id. It returns
-// the cursor of the next page (zero when this was the last).
+// rows by due time; done rows, and dead or cancelled rows of every queue, the
+// latest first; queued rows, and dead or cancelled rows of one queue, by id (the
+// primary key's range of the queue: those rows are too sparse among the
+// finished ones for the done_at index to find a page quickly). It returns the
+// cursor of the next page (zero when this was the last).
 func (b *Browse) List(ctx context.Context, q Querier, f Filter, cur Cursor, limit int) ([]BrowseRow, Cursor, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, Cursor{}, fmt.Errorf("%w: limit %d outside 1..1000", ErrBrowse, limit)
@@ -147,7 +150,7 @@ func (b *Browse) List(ctx context.Context, q Querier, f Filter, cur Cursor, limi
 		by   string
 	)
 	switch {
-	case f.Prefix != "" || f.State == "" || f.State == Queued:
+	case f.Prefix != "" || f.State == "" || f.State == Queued || f.Queue != "" && (f.State == Dead || f.State == Cancelled):
 		if f.Queue == "" {
 			return nil, Cursor{}, fmt.Errorf("%w: a list by id needs a queue", ErrBrowse)
 		}
