@@ -58,7 +58,7 @@ FROM generate_series(1, $1::int) AS i,
 	if err != nil {
 		b.Fatal(err)
 	}
-	mid := "task-" + strconv.Itoa(rows/2+1000000000)[2:]
+	mid := "task-" + strconv.Itoa(rows/2 + 1000000000)[2:]
 	for _, page := range []struct{ name, path string }{
 		{"queues", "/"},
 		{"tasks by id", "/tasks?queue=queue-3"},
