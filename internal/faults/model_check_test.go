@@ -154,6 +154,10 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 		if hasRow && row.state != "done" && row.state != "dead" {
 			bad("not-finished", "row %s v%d after the settle", row.state, row.version)
 		}
+		// Retention never deletes a dead row: a version planned to die is still there.
+		if st, _, ok := m.expected(mt); !hasRow && ok && st == "dead" && !(m.killedSince(mt.since) && !cleanRuns(mt, runs)) {
+			bad("postgres", "no row, but its planned outcomes %s end dead, and retention keeps dead rows", m.planned(mt))
+		}
 	case kCancelled:
 		if !hasRow || row.state != "cancelled" {
 			bad("postgres", "cancelled, but row %v %+v", hasRow, row)
@@ -327,6 +331,9 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 	seen := map[key]bool{}
 	for _, rk := range keys {
 		known := false
+		if rk == modelPrefix+":epoch" || strings.HasPrefix(rk, modelPrefix+":{e") && strings.HasSuffix(rk, "}:epoch") {
+			continue // the mark of Redis data loss: one per server, not per task
+		}
 		if rk == modelPrefix+":queues" { // the registry of queues (a set of names)
 			known = true
 			members, err := s.rdb.SMembers(ctx, rk).Result()
