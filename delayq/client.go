@@ -184,7 +184,7 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	v, err := c.run(ctx, c.s.claim, []string{k.Ready, k.Active, k.TaskPrefix}, max, ms(lease), hex.EncodeToString(b[:]))
+	v, err := c.run(ctx, c.s.claim, []string{k.Ready, k.Active, k.TaskPrefix, k.Control}, max, ms(lease), hex.EncodeToString(b[:]))
 	if err != nil {
 		return Claim{}, fmt.Errorf("delayq: claim %s: %w", queue, err)
 	}

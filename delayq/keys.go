@@ -13,6 +13,7 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:active         ZSET  member = task id, score = lease deadline
 //	dq:{payment}:dead           ZSET  member = task id, score = time of death
 //	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
+//	dq:{payment}:ctl            HASH  the queue's controls: paused (ctl.lua)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"). One key
@@ -25,6 +26,9 @@ type Keys struct {
 	Dead   string
 	// TaskPrefix is the prefix of the task hash keys; TaskKey appends the id.
 	TaskPrefix string
+	// Control is the queue's controls (a HASH: v version, p "1" while paused),
+	// mirrored from Postgres; the claim script reads it.
+	Control string
 	// Wake is a pub/sub channel, not a key.
 	Wake string
 }
@@ -44,6 +48,7 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		Active:     base + "active",
 		Dead:       base + "dead",
 		TaskPrefix: base + "t:",
+		Control:    base + "ctl",
 		Wake:       base + "wake",
 	}, nil
 }

@@ -18,6 +18,7 @@ func TestKeysFor(t *testing.T) {
 		Active:     "dq:{payment}:active",
 		Dead:       "dq:{payment}:dead",
 		TaskPrefix: "dq:{payment}:t:",
+		Control:    "dq:{payment}:ctl",
 		Wake:       "dq:{payment}:wake",
 	}
 	if k != want {

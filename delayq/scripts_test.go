@@ -61,6 +61,10 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctl, err := adminScript("ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
 	restore := func(due, max, attempt, ver string) []any {
 		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver}
 	}
@@ -168,6 +172,16 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"inspect", s.inspect, lease, nil},
 		{"inspect", s.inspect, lease, []any{"rdy", ""}},
 		{"inspect", s.inspect, lease, manyIDs},
+
+		{"ctl", ctl, []string{k.Control}, []any{w, "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "1", "1", "x"}},
+		{"ctl", ctl, []string{k.Control}, []any{"", "1", "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "0", "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "-1", "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "1.5", "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "1000000000000000", "1"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "1", "2"}},
+		{"ctl", ctl, []string{k.Control}, []any{w, "1", ""}},
 
 		{"probe", probe, lease, nil},
 		{"probe", probe, lease, []any{"rdy", ""}},

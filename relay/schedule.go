@@ -10,7 +10,7 @@ import (
 
 // This file hooks the scheduling features of package schedule into the relay: the
 // loop that enqueues the ticks of Config.Schedules, and the mirror of the queue
-// controls (pause, rate limit; queues.go). Run starts what featureLoops returns.
+// controls (pause; queues.go). Run starts what featureLoops returns.
 
 // validateFeatures checks Config.Schedules (for Config.validate).
 func (c Config) validateFeatures() error {
@@ -23,7 +23,7 @@ func (c Config) validateFeatures() error {
 // featureLoops returns the loops of the scheduling features: the schedules' loop
 // when there are schedules, and the queue controls' mirror.
 func (r *Relay) featureLoops() []func(context.Context) {
-	var loops []func(context.Context)
+	loops := []func(context.Context){r.controlLoop} // queues.go
 	if len(r.cfg.Schedules.Schedules) > 0 {
 		loops = append(loops, r.scheduleLoop)
 	}

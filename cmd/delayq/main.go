@@ -92,6 +92,7 @@ func commands() map[string]command {
 		"enqueue":    {"enqueue a task into the outbox from the command line", runEnqueue},
 		"cancel":     {"cancel a pending or queued task", runCancel},
 		"reschedule": {"move a pending or queued task to a new run time", runReschedule},
+		"queue":      {"pause, resume or list paused queues (no claims while paused)", runQueue},
 		"schedules":  {"list periodic tasks (relay --schedules): their last and next ticks", runSchedules},
 	}
 }

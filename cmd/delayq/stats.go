@@ -46,14 +46,15 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 		fmt.Fprintln(m.Stdout, "no queues")
 		return nil
 	}
+	paused := pausedQueues(ctx, pool, conn.schema) // queue.go
 	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS")
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS\tPAUSED")
 	for _, s := range st {
 		p := s.Postgres
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", s.Queue,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
 			p["pending"], p["queued"], p["done"], p["dead"], p["cancelled"],
 			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead,
-			age(s.OldestPendingAge), age(s.OldestDueLateness))
+			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}
 	return tw.Flush()
 }

@@ -10,6 +10,9 @@
 -- KEYS[1]  ready ZSET
 -- KEYS[2]  active ZSET
 -- KEYS[3]  task hash key prefix
+-- KEYS[4]  the queue's controls HASH (ctl.lua): while its p is "1" the queue is
+--          paused and nothing is claimed (next_ms -1: the worker sleeps until the
+--          resume's wake-up)
 -- ARGV[1]  n, most tasks to claim (1..1000)
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
@@ -32,6 +35,8 @@ if #base == 0 or #base > 64 then return fail('token base must have 1..64 bytes')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_s = fmt(now + lease)
+
+if redis.call('HMGET', KEYS[4], 'p')[1] == '1' then return { -1, fmt(now), until_s, 0 } end
 
 local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
 local out = {}

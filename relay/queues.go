@@ -1,0 +1,38 @@
+package relay
+
+import (
+	"context"
+	"time"
+)
+
+// ControlSyncInterval is how often the relay mirrors the queue controls (pause)
+// from Postgres into Redis. The commands write both stores themselves; this
+// restores a mirror write that failed, or a Redis that lost its data. Each write
+// is keyed by the controls' version, so it never undoes a newer change.
+const ControlSyncInterval = 2 * time.Second
+
+// controlLoop mirrors the queue controls every ControlSyncInterval.
+func (r *Relay) controlLoop(ctx context.Context) {
+	for {
+		if err := r.syncControls(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("relay: mirror queue controls", "error", err.Error())
+		}
+		if !sleep(ctx, ControlSyncInterval) {
+			return
+		}
+	}
+}
+
+// syncControls writes every queue's controls from Postgres into Redis.
+func (r *Relay) syncControls(ctx context.Context) error {
+	ctls, err := r.store.QueueControls(ctx, r.pool)
+	if err != nil {
+		return err
+	}
+	for _, c := range ctls {
+		if _, err := r.dq.SetPaused(ctx, c.Queue, c.Version, c.Paused); err != nil {
+			return err
+		}
+	}
+	return nil
+}
