@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,11 @@ type Epoch struct {
 	Shard string
 	// Key is the mark's key; Value is "" when the master has no mark.
 	Key, Value string
+	// Node identifies the master serving the shard now: its run id on a single
+	// server (new at every restart), its node id on a Cluster (new after a
+	// failover). A replica promoted with the mark may still have lost the writes
+	// it had not received: a caller repairs after any change of Node too.
+	Node string
 }
 
 // Epochs reads the mark of every master, sorted by Shard.
@@ -42,7 +48,7 @@ func (c *Client) Epochs(ctx context.Context) ([]Epoch, error) {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("delayq: read epoch %s: %w", k.key, err)
 		}
-		out[i] = Epoch{Shard: k.shard, Key: k.key, Value: v}
+		out[i] = Epoch{Shard: k.shard, Key: k.key, Value: v, Node: k.node}
 	}
 	return out, nil
 }
@@ -66,12 +72,12 @@ func (c *Client) EnsureEpochs(ctx context.Context) ([]Epoch, error) {
 		case err != nil:
 			return nil, fmt.Errorf("delayq: write epoch %s: %w", k.key, err)
 		}
-		out[i] = Epoch{Shard: k.shard, Key: k.key, Value: v}
+		out[i] = Epoch{Shard: k.shard, Key: k.key, Value: v, Node: k.node}
 	}
 	return out, nil
 }
 
-type epochKey struct{ shard, key string }
+type epochKey struct{ shard, key, node string }
 
 // epochKeys names the mark of each master: on a single server "<prefix>:epoch";
 // on a Cluster "<prefix>:{e<n>}:epoch" with the smallest n whose hash tag falls in
@@ -79,33 +85,43 @@ type epochKey struct{ shard, key string }
 func (c *Client) epochKeys(ctx context.Context) ([]epochKey, error) {
 	cc, ok := c.rdb.(*redis.ClusterClient)
 	if !ok {
-		return []epochKey{{shard: "0", key: c.cfg.Prefix + ":epoch"}}, nil
+		info, err := c.rdb.Info(ctx, "server").Result()
+		if err != nil {
+			return nil, fmt.Errorf("delayq: server info: %w", err)
+		}
+		runID := ""
+		for line := range strings.SplitSeq(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+				runID = v
+			}
+		}
+		return []epochKey{{shard: "0", key: c.cfg.Prefix + ":epoch", node: runID}}, nil
 	}
-	slots, err := cc.ClusterSlots(ctx).Result()
+	shards, err := cc.ClusterShards(ctx).Result()
 	if err != nil {
-		return nil, fmt.Errorf("delayq: cluster slots: %w", err)
-	}
-	// A master may serve several ranges: its mark goes into the first one.
-	first := map[string]redis.ClusterSlot{}
-	for _, s := range slots {
-		if len(s.Nodes) == 0 {
-			continue
-		}
-		id := s.Nodes[0].ID
-		if f, ok := first[id]; !ok || s.Start < f.Start {
-			first[id] = s
-		}
+		return nil, fmt.Errorf("delayq: cluster shards: %w", err)
 	}
 	var out []epochKey
-	for _, s := range first {
+	for _, sh := range shards {
+		if len(sh.Slots) == 0 {
+			continue // a shard without slots holds no data
+		}
+		// A shard may serve several ranges: its mark goes into the first one.
+		first := slices.MinFunc(sh.Slots, func(a, b redis.SlotRange) int { return int(a.Start - b.Start) })
+		node := ""
+		for _, n := range sh.Nodes {
+			if n.Role == "master" {
+				node = n.ID
+			}
+		}
 		for n := 0; ; n++ {
 			tag := "e" + strconv.Itoa(n)
-			if slot := int(crc16([]byte(tag)) % 16384); slot >= s.Start && slot <= s.End {
-				out = append(out, epochKey{shard: strconv.Itoa(s.Start), key: c.cfg.Prefix + ":{" + tag + "}:epoch"})
+			if slot := int64(crc16([]byte(tag)) % 16384); slot >= first.Start && slot <= first.End {
+				out = append(out, epochKey{shard: strconv.FormatInt(first.Start, 10), key: c.cfg.Prefix + ":{" + tag + "}:epoch", node: node})
 				break
 			}
 			if n > 1_000_000 {
-				return nil, fmt.Errorf("delayq: no hash tag for slots %d-%d", s.Start, s.End)
+				return nil, fmt.Errorf("delayq: no hash tag for slots %d-%d", first.Start, first.End)
 			}
 		}
 	}

@@ -194,15 +194,20 @@ func (h *healer) check(ctx context.Context) error {
 	// A mark that differs from the one this term knows: gone (restart without
 	// persistence, flush, failover to a replica without it) or another (a replica
 	// with an older mark). A known-missing mark that is still missing is the
-	// repair in hand, not a new loss.
-	var lost []string
+	// repair in hand, not a new loss. A new master with the mark (a failover, a
+	// restart with persistence) may still have lost the last writes: repaired as
+	// well.
+	var lost, changed []string
 	for _, e := range now {
 		i := slices.IndexFunc(h.marks, func(m delayq.Epoch) bool { return m.Shard == e.Shard })
-		if i < 0 || e.Value != h.marks[i].Value {
+		switch {
+		case i < 0 || e.Value != h.marks[i].Value:
 			lost = append(lost, e.Shard)
+		case e.Node != h.marks[i].Node:
+			changed = append(changed, e.Shard)
 		}
 	}
-	if len(lost) == 0 && len(now) == len(h.marks) {
+	if len(lost) == 0 && len(changed) == 0 && len(now) == len(h.marks) {
 		return nil
 	}
 	for i := range now {
@@ -211,11 +216,14 @@ func (h *healer) check(ctx context.Context) error {
 		}
 	}
 	h.marks = now
-	reason := "Redis lost data (shards " + strings.Join(lost, ",") + ")"
-	if len(lost) == 0 {
-		reason = "the Redis Cluster's masters changed"
+	switch {
+	case len(lost) > 0:
+		h.lossDetected("Redis lost data (shards "+strings.Join(lost, ",")+")", lost, true)
+	case len(changed) > 0:
+		h.lossDetected("a Redis master changed (shards "+strings.Join(changed, ",")+": failover or restart)", changed, true)
+	default:
+		h.lossDetected("the Redis Cluster's shards changed", nil, true)
 	}
-	h.lossDetected(reason, lost, true)
 	return nil
 }
 
