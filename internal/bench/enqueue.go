@@ -23,6 +23,7 @@ func registry() map[string]workload {
 		"memory":         {"100,000 tasks due in 1 h relayed to Redis: bytes per task in Redis and per outbox row", memory},
 		"recovery":       {"a worker process SIGKILLed 1 s into a 60 s task: seconds until the task runs again", recovery},
 		"idle":           {"Redis commands/s of one idle relay and one idle worker", idle},
+		"redis-loss":     {"100,000 tasks due over a minute; 10 s in, Redis loses them all: no operator, every task once, lateness after due or loss", redisLoss},
 		"soak":           {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
 		"bounds":         {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
 	}
