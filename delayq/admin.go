@@ -287,7 +287,14 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 type ScanCursor struct {
 	phase  int // 0 ready, 1 active, 2 dead, 3 task keys, 4 done
 	cursor uint64
+	deep   bool
 }
+
+// DeepScanCursor starts a walk that, after the three ZSETs, also SCANs the keyspace
+// of the queue's node for task hashes outside every ZSET (a done record, a hash
+// left by a lost write). The zero ScanCursor walks the ZSETs alone: its cost
+// follows the queue, not the keyspace.
+func DeepScanCursor() ScanCursor { return ScanCursor{deep: true} }
 
 // Done reports whether the walk is over.
 func (s ScanCursor) Done() bool { return s.phase >= 4 }
@@ -338,6 +345,9 @@ func (c *Client) ScanIDs(ctx context.Context, queue string, cur ScanCursor, coun
 	}
 	if next.cursor == 0 {
 		next.phase++
+		if next.phase == 3 && !next.deep {
+			next.phase = 4
+		}
 	}
 	return ids, next, nil
 }

@@ -23,13 +23,14 @@ func runCheck(ctx context.Context, m *Main, args []string) error {
 	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
 	asJSON := fs.Bool("json", false, "print the inconsistencies as a JSON array")
 	batch := fs.Int("batch", 500, "rows or Redis ids per step, 1..1000")
+	deep := fs.Bool("deep", false, "also SCAN the whole keyspace for task hashes outside every ZSET (costs a pass over every key)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *batch < 1 || *batch > 1000 {
 		return usagef("--batch %d: 1..1000", *batch)
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, BatchSize: *batch}
+	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, BatchSize: *batch, Deep: *deep}
 	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
 	if err != nil {
 		return err

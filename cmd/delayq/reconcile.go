@@ -40,6 +40,7 @@ func runReconcile(ctx context.Context, m *Main, args []string) error {
 	batch := fs.Int("batch", 500, "rows or Redis ids per step, 1..1000")
 	grace := fs.Duration("grace", time.Minute, "leave a task dead in Redis but queued in Postgres alone while its death is younger than this (0: no grace)")
 	samples := fs.Int("samples", 5, "task ids shown per kind")
+	deep := fs.Bool("deep", false, "also SCAN the whole keyspace for task hashes outside every ZSET (costs a pass over every key)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func runReconcile(ctx context.Context, m *Main, args []string) error {
 		return usagef("--batch %d: 1..1000", *batch)
 	}
 	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, DryRun: *dryRun,
-		BatchSize: *batch, Grace: *grace, Samples: *samples}
+		BatchSize: *batch, Grace: *grace, Samples: *samples, Deep: *deep}
 	if *grace == 0 {
 		opts.Grace = -1
 	}

@@ -34,6 +34,11 @@ type Options struct {
 	NotifyChannel string
 	// DryRun makes Reconcile report what it would repair without changing anything.
 	DryRun bool
+	// Deep also SCANs each queue's Redis node for task hashes outside every ZSET
+	// (a done record of a pruned row, a hash a lost write left), and lists queues by
+	// SCAN too. Without it the walk reads the outbox, the queue registry and the
+	// queues' ZSETs: its cost follows the queues, not the keyspace. Default false.
+	Deep bool
 	// BatchSize is how many rows, or Redis ids, one step reads and repairs.
 	// Default 500; 1..1000.
 	BatchSize int

@@ -157,7 +157,7 @@ func (e *engine) run(ctx context.Context) error {
 	defer func() {
 		e.rep.Duration = time.Since(start)
 	}()
-	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues)
+	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues, e.o.Deep)
 	if err != nil {
 		return err
 	}
@@ -175,8 +175,9 @@ func (e *engine) run(ctx context.Context) error {
 	return nil
 }
 
-// queuesOf returns the queues asked for, or every queue of the outbox and of Redis.
-func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st taskstate.Statements, asked []string) ([]string, error) {
+// queuesOf returns the queues asked for, or every queue of the outbox and of Redis:
+// the queue registry, and with deep a SCAN of the keyspace too.
+func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st taskstate.Statements, asked []string, deep bool) ([]string, error) {
 	seen := map[string]bool{}
 	if asked != nil {
 		for _, q := range asked {
@@ -191,9 +192,16 @@ func queuesOf(ctx context.Context, db DB, dq *delayq.Client, st taskstate.Statem
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: list queues: %w", err)
 		}
-		rq, err := dq.Queues(ctx)
+		rq, err := dq.RegisteredQueues(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("reconcile: %w", err)
+		}
+		if deep {
+			scanned, err := dq.Queues(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("reconcile: %w", err)
+			}
+			rq = append(rq, scanned...)
 		}
 		for _, q := range append(qs, rq...) {
 			if validate.Queue(q) == nil { // a row the validation would refuse has no Redis side
@@ -412,6 +420,9 @@ func (e *engine) walkRedis(ctx context.Context, q string) error {
 		return e.settle(ctx, q, cands, first, 0)
 	}
 	var cur delayq.ScanCursor
+	if e.o.Deep {
+		cur = delayq.DeepScanCursor()
+	}
 	for !cur.Done() {
 		ids, next, err := e.dq.ScanIDs(ctx, q, cur, e.o.BatchSize)
 		if err != nil {

@@ -76,7 +76,7 @@ func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Queue
 	if err != nil {
 		return nil, err
 	}
-	qs, err := queuesOf(ctx, db, dq, st, o.Queues)
+	qs, err := queuesOf(ctx, db, dq, st, o.Queues, o.Deep)
 	if err != nil {
 		return nil, err
 	}
