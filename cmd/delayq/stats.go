@@ -18,7 +18,8 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 			"Columns: outbox rows by state (Postgres); READY (due or not), DUE (due now),\n"+
 			"ACTIVE (leased), EXPIRED (leases past their deadline, for the reaper) and R-DEAD\n"+
 			"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n"+
-			"relay; LATENESS: how long the earliest ready task has been due (worker lag).\n"+
+			"relay; LATENESS: how long the earliest ready task has been due (worker lag);\n"+
+			"OVERDUE: ready tasks due more than a minute ago and not claimed.\n"+
 			"The Postgres counts read every row of the queues.\n")
 	conn.register(fs, m, true, true)
 	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
@@ -48,12 +49,12 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 	}
 	paused := pausedQueues(ctx, pool, conn.schema) // queue.go
 	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tPENDING-AGE\tLATENESS\tPAUSED")
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
 	for _, s := range st {
 		p := s.Postgres
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
 			p["pending"], p["queued"], p["done"], p["dead"], p["cancelled"],
-			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead,
+			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead, s.Overdue,
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}
 	return tw.Flush()

@@ -156,6 +156,7 @@ func TestStats(t *testing.T) {
 		redisTask{queue: "q", id: "q2", status: "a", sets: map[string]float64{"active": sec(-time.Second)}},
 		redisTask{queue: "q", id: "x1", status: "x", sets: map[string]float64{"dead": sec(-time.Hour)}},
 		redisTask{queue: "q", id: "later", status: "r", sets: map[string]float64{"ready": sec(time.Hour)}},
+		redisTask{queue: "q", id: "overdue", status: "r", sets: map[string]float64{"ready": sec(-2 * time.Minute)}},
 	)
 	st, err := Stats(ctx, b.pool, b.dq, Options{})
 	if err != nil {
@@ -169,14 +170,14 @@ func TestStats(t *testing.T) {
 		t.Errorf("other: %+v", o)
 	}
 	if q.Postgres[statePending] != 2 || q.Postgres[stateQueued] != 2 || q.Postgres[stateDead] != 1 ||
-		q.Ready != 2 || q.DueNow != 1 || q.Active != 1 || q.ExpiredLeases != 1 || q.Dead != 1 {
+		q.Ready != 3 || q.DueNow != 2 || q.Active != 1 || q.ExpiredLeases != 1 || q.Dead != 1 || q.Overdue != 1 {
 		t.Errorf("q: %+v", q)
 	}
 	if q.OldestPendingAge < 85*time.Second || q.OldestPendingAge > 2*time.Minute {
 		t.Errorf("oldest pending age %v, want about 90s", q.OldestPendingAge)
 	}
-	if q.OldestDueLateness < 29*time.Second || q.OldestDueLateness > time.Minute {
-		t.Errorf("oldest due lateness %v, want about 30s", q.OldestDueLateness)
+	if q.OldestDueLateness < 119*time.Second || q.OldestDueLateness > 3*time.Minute {
+		t.Errorf("oldest due lateness %v, want about 2m", q.OldestDueLateness)
 	}
 	one, err := Stats(ctx, b.pool, b.dq, Options{Queues: []string{"q"}})
 	if err != nil || len(one) != 1 || one[0].Postgres[statePending] != 2 {

@@ -23,6 +23,10 @@ type QueueStats struct {
 	Active        int64 `json:"redis_active"`
 	ExpiredLeases int64 `json:"redis_expired_leases"`
 	Dead          int64 `json:"redis_dead"`
+	// Overdue counts the ready tasks in Redis due more than OverdueAfter (a
+	// minute) ago and not claimed: nobody serves the queue, or its workers fall
+	// behind.
+	Overdue int64 `json:"redis_overdue"`
 	// OldestPendingAge is how long the oldest due pending row has waited for the
 	// relay since its run time (database clock): the relay lag. 0 when none is due.
 	// In JSON: oldest_pending_age_ms.
@@ -59,6 +63,10 @@ func (s *QueueStats) UnmarshalJSON(b []byte) error {
 	s.OldestDueLateness = time.Duration(v.OldestDueMS) * time.Millisecond
 	return nil
 }
+
+// OverdueAfter is how long past its due time a ready task counts as overdue in
+// QueueStats (the relay's delayq_relay_overdue_tasks default too).
+const OverdueAfter = time.Minute
 
 // States lists the outbox states in their lifecycle order.
 func States() []string {
@@ -130,6 +138,9 @@ func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Queue
 			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 		s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead = rs.Ready, rs.DueNow, rs.Active, rs.ExpiredLeases, rs.Dead
+		if s.Overdue, err = dq.Overdue(ctx, s.Queue, OverdueAfter); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
+		}
 		s.OldestDueLateness = rs.OldestLateness
 	}
 	return out, nil
