@@ -17,7 +17,5 @@ func (r *Relay) Prune(ctx context.Context) (deleted int64, batches int, err erro
 // Round runs one relay round.
 func (r *Relay) Round(ctx context.Context) (int, error) { return r.round(ctx) }
 
-// RefreshStats refreshes the depth and lag gauges once.
-func (r *Relay) RefreshStats(ctx context.Context, finished bool) error {
-	return r.refreshStats(ctx, finished)
-}
+// RefreshStats refreshes the depth, lag and overdue gauges once.
+func (r *Relay) RefreshStats(ctx context.Context) error { return r.refreshStats(ctx) }

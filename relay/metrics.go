@@ -16,7 +16,8 @@ import (
 //	delayq_relay_batch_duration_seconds         one round: select, Redis write, update, commit
 //	delayq_relay_lag_seconds                    age of the oldest pending row that is due
 //	                                            (0 when the relay keeps up)
-//	delayq_outbox_rows{state}                   outbox rows by state
+//	delayq_outbox_rows{state}                   outbox rows by state: pending, queued and dead
+//	                                            exact up to 100,000; done and cancelled estimated
 //	delayq_relay_reaped_total{result}           expired leases taken back: requeued, dead (out of
 //	                                            attempts, dead in both stores), finished (the
 //	                                            row had finished: removed from Redis), orphan
@@ -65,7 +66,7 @@ func newMetrics(passAge func() float64) *metrics {
 		}),
 		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "delayq_outbox_rows",
-			Help: "Outbox rows by state (pending and queued refreshed every stats interval, finished states every tenth).",
+			Help: "Outbox rows by state, refreshed every stats interval (15s): pending, queued and dead counted exactly up to 100,000 (more reads 100,000); done and cancelled estimated from the planner's statistics (as fresh as the last ANALYZE).",
 		}, []string{"state"}),
 		reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "delayq_relay_reaped_total",

@@ -7,15 +7,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// finishedEvery: the finished states are counted every this many stats refreshes.
-const finishedEvery = 10
+// depthCap bounds the exact counts of pending, queued and dead rows: past it a
+// gauge reads "at least depthCap", and a refresh costs the same however large the
+// backlog grows.
+const depthCap = 100_000
 
-// statsLoop refreshes the depth and lag gauges every StatsInterval.
+// statsLoop refreshes the depth, lag and overdue gauges every StatsInterval.
 func (r *Relay) statsLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
-	for i := 0; ; i++ {
-		if err := r.refreshStats(ctx, i%finishedEvery == 0); err != nil && ctx.Err() == nil {
+	for {
+		if err := r.refreshStats(ctx); err != nil && ctx.Err() == nil {
 			r.pgErr(errStats, "stats", err) //nolint:errcheck // counted and logged
 		}
 		select {
@@ -26,46 +28,38 @@ func (r *Relay) statsLoop(ctx context.Context) {
 	}
 }
 
-// refreshStats reads the outbox depth: pending and queued from their partial
-// indexes; with finished, also the done, dead and cancelled rows, under a
-// statement timeout since it reads all of them.
-func (r *Relay) refreshStats(ctx context.Context, finished bool) error {
+// refreshStats reads the outbox depth: pending, queued and dead exactly (up to
+// depthCap) from their partial indexes; done and cancelled as the planner's
+// estimates, which cost nothing whatever the size of the table.
+func (r *Relay) refreshStats(ctx context.Context) error {
 	if _, err := r.untilNext(ctx); err != nil {
 		return err
 	}
-	var pending, queued int64
-	if err := r.pool.QueryRow(ctx, r.sql.DepthLive).Scan(&pending, &queued); err != nil {
+	var pending, queued, dead int64
+	if err := r.pool.QueryRow(ctx, r.sql.DepthLive, depthCap).Scan(&pending, &queued, &dead); err != nil {
 		return err
 	}
 	r.metrics.depth.WithLabelValues("pending").Set(float64(pending))
 	r.metrics.depth.WithLabelValues("queued").Set(float64(queued))
+	r.metrics.depth.WithLabelValues("dead").Set(float64(dead))
 	r.refreshOverdue(ctx)
-	if !finished {
-		return nil
-	}
-	counts := map[string]int64{"done": 0, "dead": 0, "cancelled": 0}
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '10s'"); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, r.sql.DepthFinished)
-		if err != nil {
-			return err
-		}
-		var (
-			state string
-			n     int64
-		)
-		_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
-			counts[state] = n
-			return nil
-		})
+	rows, err := r.pool.Query(ctx, r.sql.DepthFinished, r.cfg.Schema)
+	if err != nil {
 		return err
+	}
+	estimates := map[string]int64{"done": 0, "cancelled": 0}
+	var (
+		state string
+		n     int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
+		estimates[state] = n
+		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for state, n := range counts {
+	for state, n := range estimates {
 		r.metrics.depth.WithLabelValues(state).Set(float64(n))
 	}
 	return nil

@@ -245,6 +245,10 @@ func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) erro
 			}
 			r.Params["handler"] = writeSQL
 		}
+		memBefore, err := s.usedMemory(ctx)
+		if err != nil {
+			return err
+		}
 		if err := s.fill(ctx, n, 0); err != nil {
 			return err
 		}
@@ -303,8 +307,19 @@ func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) erro
 			return err
 		}
 		r.add(name, float64(n)/elapsed.Seconds(), "tasks/s")
-		r.Checks = map[string]int64{"handler_calls": calls.Load(), "done_in_outbox": int64(done)}
-		want := map[string]int64{"handler_calls": int64(n), "done_in_outbox": int64(n)}
+		// What the finished tasks left in Redis: their keys (none by default: a
+		// task is deleted at its ack), and the server's memory against before.
+		left, err := s.taskKeys(ctx, "bench")
+		if err != nil {
+			return err
+		}
+		memAfter, err := s.usedMemory(ctx)
+		if err != nil {
+			return err
+		}
+		r.add("redis_bytes_per_finished_task", float64(max(memAfter-memBefore, 0))/float64(n), "B")
+		r.Checks = map[string]int64{"handler_calls": calls.Load(), "done_in_outbox": int64(done), "redis_task_keys_left": left}
+		want := map[string]int64{"handler_calls": int64(n), "done_in_outbox": int64(n), "redis_task_keys_left": 0}
 		if kind == drainTxWrite {
 			var rows int64
 			if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+writeTable).Scan(&rows); err != nil {
@@ -486,3 +501,27 @@ func percentileD(sorted []time.Duration, p int) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// taskKeys counts what Redis holds of queue's tasks: task hashes and ZSET members.
+func (s *session) taskKeys(ctx context.Context, queue string) (int64, error) {
+	k, err := s.dq.Keys(queue)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	iter := s.rdb.Scan(ctx, 0, k.TaskPrefix+"*", 5000).Iterator()
+	for iter.Next(ctx) {
+		n++
+	}
+	if err := iter.Err(); err != nil {
+		return 0, err
+	}
+	for _, z := range []string{k.Ready, k.Active, k.Dead} {
+		c, err := s.rdb.ZCard(ctx, z).Result()
+		if err != nil {
+			return 0, err
+		}
+		n += c
+	}
+	return n, nil
+}

@@ -274,12 +274,23 @@ RETURNING o.queue, o.task_id`, table),
 )
 SELECT queue FROM q WHERE queue IS NOT NULL`, table),
 
-		// Counts over the two partial indexes.
-		DepthLive: fmt.Sprintf(`SELECT (SELECT count(*) FROM %[1]s WHERE state = 'pending'),
-       (SELECT count(*) FROM %[1]s WHERE state = 'queued')`, table),
-		// Finished rows: all of them are read, so it runs less often, under a
-		// statement timeout.
-		DepthFinished: fmt.Sprintf(`SELECT state, count(*) FROM %s WHERE done_at IS NOT NULL GROUP BY state`, table),
+		// $1 cap. The live and dead rows, counted over their partial indexes
+		// (index-only scans), each up to the cap, so the cost stays bounded however
+		// large a backlog grows; a count at the cap means "at least".
+		DepthLive: fmt.Sprintf(`SELECT (SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE state = 'pending' LIMIT $1) AS p),
+       (SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE state = 'queued' LIMIT $1) AS q),
+       (SELECT count(*) FROM (SELECT 1 FROM %[1]s WHERE state = 'dead' LIMIT $1) AS d)`, table),
+		// $1 schema. Estimates of the done and cancelled rows, from the
+		// planner's statistics (ANALYZE, autovacuum): the table's row count times
+		// each state's frequency. Cheap at any size; as fresh as the statistics.
+		DepthFinished: `SELECT s.state, (s.freq * greatest(c.reltuples, 0))::bigint
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+CROSS JOIN LATERAL (
+	SELECT unnest(most_common_vals::text::text[]) AS state, unnest(most_common_freqs) AS freq
+	FROM pg_stats WHERE schemaname = $1 AND tablename = '` + TableName + `' AND attname = 'state'
+) AS s
+WHERE c.relname = '` + TableName + `' AND s.state IN ('done', 'cancelled')`,
 
 		// $1 retention in µs, $2 batch. One short statement (its own transaction)
 		// per batch: the rows are found in done_at order on
