@@ -53,6 +53,21 @@ func (c *Client) Epochs(ctx context.Context) ([]Epoch, error) {
 	return out, nil
 }
 
+// RereadEpochs reads the marks of the given epochs again, one GET each, and
+// returns them with their Shard, Key and Node as given: the cheap check between
+// two Epochs, which also look at the topology and the masters' identity.
+func (c *Client) RereadEpochs(ctx context.Context, known []Epoch) ([]Epoch, error) {
+	out := slices.Clone(known)
+	for i, e := range out {
+		v, err := c.rdb.Get(ctx, e.Key).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("delayq: read epoch %s: %w", e.Key, err)
+		}
+		out[i].Value = v
+	}
+	return out, nil
+}
+
 // EnsureEpochs writes a fresh mark on every master that has none (SET NX: a mark
 // another relay wrote first is kept), and returns the marks now in place.
 func (c *Client) EnsureEpochs(ctx context.Context) ([]Epoch, error) {

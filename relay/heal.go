@@ -121,6 +121,10 @@ func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, error) {
 	return conn, nil
 }
 
+// nodeCheckEvery: one loss check in this many also reads which node serves each
+// shard.
+const nodeCheckEvery = 5
+
 // errLeadership ends a leader's term: its lock connection failed.
 var errLeadership = errors.New("relay: the leader's lock connection failed")
 
@@ -171,6 +175,7 @@ type healer struct {
 	pass      *reconcile.Pass
 	marks     []delayq.Epoch
 	lastCheck time.Time
+	checks    int  // loss checks made in this term
 	urgent    bool // a loss was detected: the current pass runs at full speed
 	restart   bool // a loss was detected during a pass: start it over
 }
@@ -185,7 +190,18 @@ func (h *healer) check(ctx context.Context) error {
 	if err := h.conn.Ping(ctx); err != nil {
 		return fmt.Errorf("%w: %w", errLeadership, err)
 	}
-	now, err := h.r.dq.Epochs(ctx)
+	// The marks every check (one GET a master); the topology and the masters'
+	// identity every nodeCheckEvery checks (a topology read, INFO on a single
+	// server): a flush or a restart without persistence shows within one check, a
+	// failover or a restart with persistence within a few.
+	var now []delayq.Epoch
+	var err error
+	h.checks++
+	if h.checks%nodeCheckEvery == 0 {
+		now, err = h.r.dq.Epochs(ctx)
+	} else {
+		now, err = h.r.dq.RereadEpochs(ctx, h.marks)
+	}
 	if err != nil {
 		h.r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged; checked again
 		return nil

@@ -44,9 +44,10 @@ func TestSelfHealsAfterFlush(t *testing.T) {
 	b.enqueue(t, tasks...)
 	rl := b.start(t, healConfig())
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 50})
+	// The leader has marked the master and completed its first pass.
 	eventually(t, 10*time.Second, func() (bool, string) {
-		n := rl.metric(t, "delayq_relay_heal_leader")
-		return n == 1, fmt.Sprintf("leader gauge %v", n)
+		n, age := rl.metric(t, "delayq_relay_heal_leader"), rl.metric(t, "delayq_relay_repair_pass_age_seconds")
+		return n == 1 && age > 0, fmt.Sprintf("leader gauge %v, pass age %v", n, age)
 	})
 	before := b.info(t, "q0", "t00")
 	if err := rdb.FlushAll(ctxT(t)).Err(); err != nil {
@@ -142,4 +143,35 @@ func TestOneHealingLeader(t *testing.T) {
 	eventually(t, 10*time.Second, func() (bool, string) {
 		return second.metric(t, "delayq_relay_heal_leader") == 1, "the second relay did not take over"
 	})
+}
+
+// At idle, the self-healing keeps to its command budget: one GET of the epoch mark
+// a second, a topology read every fifth, and a pass of nothing (no queued rows)
+// every RepairPause: at most 2 Redis commands a second.
+func TestSelfHealingIdleBudget(t *testing.T) {
+	t.Parallel()
+	b, rdb := ownRedisBundle(t)
+	rl := b.start(t, relay.Config{ReapInterval: -1, StatsInterval: -1, PollInterval: time.Minute})
+	eventually(t, 10*time.Second, func() (bool, string) {
+		age := rl.metric(t, "delayq_relay_repair_pass_age_seconds")
+		return age > 0, "no pass completed yet"
+	})
+	processed := func() int64 {
+		info, err := rdb.InfoMap(ctxT(t), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		fmt.Sscan(info["Stats"]["total_commands_processed"], &n)
+		return n
+	}
+	const window = 5 * time.Second
+	before := processed()
+	timer := time.NewTimer(window)
+	<-timer.C
+	used := processed() - before - 1 // our own INFO
+	if budget := int64(2 * window / time.Second); used > budget {
+		t.Errorf("%d Redis commands in %v at idle, budget %d", used, window, budget)
+	}
+	t.Logf("%d Redis commands in %v at idle", used, window)
 }

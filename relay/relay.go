@@ -34,9 +34,10 @@ type Relay struct {
 	started atomic.Bool
 	wake    chan struct{} // a notification arrived (buffer 1: a flag)
 
-	queuesMu  sync.Mutex
-	queued    []string // queues with queued rows, as last read from Postgres
-	refreshed time.Time
+	queuesMu   sync.Mutex
+	queued     []string // queues with queued rows, as last read from Postgres
+	registered []string // the Redis queue registry as last read, with the queues relayed since
+	refreshed  time.Time
 
 	heal healState
 }
@@ -273,7 +274,19 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(bad),
 			"first", badID[0], "error", badEr[0])
 	}
+	r.sawQueues(batches)
 	return len(rows), nil
+}
+
+// sawQueues adds the queues a round moved tasks into to the reaper's list.
+func (r *Relay) sawQueues(batches []delayq.QueueTasks) {
+	r.queuesMu.Lock()
+	defer r.queuesMu.Unlock()
+	for _, b := range batches {
+		if !slices.Contains(r.registered, b.Queue) {
+			r.registered = append(r.registered, b.Queue)
+		}
+	}
 }
 
 // untilNext returns how long until the next pending row comes within the
@@ -307,31 +320,32 @@ func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
 
 // queues returns the queues the reaper visits: Config.Queues, or every queue of the
 // Redis registry (each queue a task was enqueued into) and those with queued rows in
-// Postgres (read again every QueueRefresh), so that a queue with no recent activity
-// is reaped too. A server that does not answer is counted and logged, and the queues
-// the other gave are visited.
+// Postgres, both read again every QueueRefresh, so that a queue with no recent
+// activity is reaped too; a queue this relay moved a task into is added at once. A
+// server that does not answer is counted and logged, and the queues the other gave
+// are visited.
 func (r *Relay) queues(ctx context.Context) []string {
 	if len(r.cfg.Queues) > 0 {
 		return r.cfg.Queues
 	}
-	registered, err := r.dq.RegisteredQueues(ctx)
-	if err != nil {
-		r.redisErr(errReap, "registered queues", err) //nolint:errcheck // counted and logged
-	}
 	r.queuesMu.Lock()
 	fresh := !r.refreshed.IsZero() && time.Since(r.refreshed) < r.cfg.QueueRefresh
-	queued := r.queued
+	queued, registered := r.queued, r.registered
 	r.queuesMu.Unlock()
 	if !fresh {
-		found, err := r.queuedQueues(ctx)
-		if err != nil {
+		if found, err := r.dq.RegisteredQueues(ctx); err != nil {
+			r.redisErr(errReap, "registered queues", err) //nolint:errcheck // counted and logged
+		} else {
+			registered = found
+		}
+		if found, err := r.queuedQueues(ctx); err != nil {
 			r.pgErr(errReap, "queues with queued rows", err) //nolint:errcheck // counted and logged
 		} else {
 			queued = found
-			r.queuesMu.Lock()
-			r.queued, r.refreshed = found, time.Now()
-			r.queuesMu.Unlock()
 		}
+		r.queuesMu.Lock()
+		r.queued, r.registered, r.refreshed = queued, registered, time.Now()
+		r.queuesMu.Unlock()
 	}
 	all := append(slices.Clone(registered), queued...)
 	slices.Sort(all)
