@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -33,23 +31,7 @@ func TestClusterFailoverSelfHeals(t *testing.T) {
 
 	pg := newPG(t)
 	dq := newDQ(t, rdb, "dq", 2*time.Second)
-	for _, name := range []string{"w1", "w2"} {
-		w, err := worker.New(pg.workerPool(t), dq, pg.ob, worker.Config{Lease: 2 * time.Second,
-			OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
-			Logger: testLogger(t, name)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, q := range queues {
-			err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
-				return effect(ctx, tx, name, tk)
-			}, worker.QueueConfig{Concurrency: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		background(t, name, w.Run)
-	}
+	startEffectWorkers(t, pg, dq, queues)
 	reg := prometheus.NewRegistry()
 	rl := runRelay(t, pg.url, dq, relay.Config{Registerer: reg, BatchSize: 200, PollInterval: 500 * time.Millisecond,
 		ReapInterval: 200 * time.Millisecond, StatsInterval: -1, Retention: -1,

@@ -236,6 +236,32 @@ func runRelay(t testing.TB, url string, dq *delayq.Client, cfg relay.Config) *re
 	return rl
 }
 
+// startEffectWorkers runs workers w1 and w2 on every queue, with transactional
+// handlers that write the effects table, until the test ends.
+func startEffectWorkers(t testing.TB, pg pgBundle, dq *delayq.Client, queues []string) []*worker.Worker {
+	t.Helper()
+	var workers []*worker.Worker
+	for _, name := range []string{"w1", "w2"} {
+		w, err := worker.New(pg.workerPool(t), dq, pg.ob, worker.Config{Lease: 2 * time.Second,
+			OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
+			Logger: testLogger(t, name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range queues {
+			err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+				return effect(ctx, tx, name, tk)
+			}, worker.QueueConfig{Concurrency: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		background(t, name, w.Run)
+		workers = append(workers, w)
+	}
+	return workers
+}
+
 // background runs run until the test ends, then cancels it and checks it
 // returned nil.
 func background(t testing.TB, name string, run func(context.Context) error) {
