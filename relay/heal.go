@@ -36,7 +36,6 @@ import (
 // healState is what /readyz and the metrics say of the healing.
 type healState struct {
 	mu        sync.Mutex
-	leader    bool
 	repairing string    // why a full repair runs ("" when none does)
 	since     time.Time // when it started
 	lastPass  time.Time // end of the last complete pass
@@ -93,12 +92,11 @@ func (r *Relay) healLoop(ctx context.Context) {
 }
 
 func (r *Relay) setLeader(on bool) {
-	r.heal.mu.Lock()
-	r.heal.leader = on
 	if !on {
+		r.heal.mu.Lock()
 		r.heal.repairing = ""
+		r.heal.mu.Unlock()
 	}
-	r.heal.mu.Unlock()
 	r.metrics.leader.Set(map[bool]float64{true: 1, false: 0}[on])
 }
 
