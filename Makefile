@@ -24,8 +24,12 @@ demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/R
 build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile builds it.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/delayq ./cmd/delayq
 
+.PHONY: browser
+browser: ## Make sure a headless Chromium is there for the dashboard's browser tests (installs it on Debian/Ubuntu).
+	@bash .ci/browser
+
 .PHONY: test
-test: servers ## Run every test against real servers, with the race detector.
+test: servers browser ## Run every test against real servers, with the race detector.
 	$(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x ./...
 
 # The quick loop leaves out the suites that take minutes whatever -short says:

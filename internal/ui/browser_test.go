@@ -36,7 +36,7 @@ func chromiumPath(t *testing.T) string {
 	if os.Getenv("DELAYQ_SKIP_BROWSER") != "" {
 		t.Skip("no Chromium, and DELAYQ_SKIP_BROWSER is set")
 	}
-	t.Fatal("no Chromium: run `make servers` (Debian/Ubuntu: apt-get install chromium), or set DELAYQ_SKIP_BROWSER=1")
+	t.Fatal("no Chromium: run `make browser` (Debian/Ubuntu: apt-get install chromium), or set DELAYQ_SKIP_BROWSER=1")
 	return ""
 }
 
