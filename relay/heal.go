@@ -376,7 +376,7 @@ func (r *Relay) countDivergences(q string, before, after reconcile.Report) {
 		if found := b.Found - was.Found; found > 0 {
 			r.metrics.divergences.WithLabelValues(string(k), "found").Add(float64(found))
 			r.cfg.Logger.Info("relay: divergence between PostgreSQL and Redis", "queue", q, "kind", string(k),
-				"found", found, "repaired", b.Repaired-was.Repaired, "sample", strings.Join(b.Samples, ","))
+				"found", found, "repaired", b.Repaired-was.Repaired, "sample", strings.Join(b.Samples[len(was.Samples):], ","))
 		}
 		if repaired := b.Repaired - was.Repaired; repaired > 0 {
 			r.metrics.divergences.WithLabelValues(string(k), "repaired").Add(float64(repaired))

@@ -67,9 +67,10 @@ func TestSelfHealsAfterFlush(t *testing.T) {
 	if n := rl.metric(t, "delayq_relay_redis_losses_total"); n != 1 {
 		t.Errorf("losses counted %v, want 1", n)
 	}
-	if n := rl.metric(t, "delayq_relay_divergences_total", "kind", "missing_in_redis", "result", "repaired"); n < 50 {
-		t.Errorf("repaired %v tasks missing in Redis, want 50", n)
-	}
+	eventually(t, 5*time.Second, func() (bool, string) {
+		n := rl.metric(t, "delayq_relay_divergences_total", "kind", "missing_in_redis", "result", "repaired")
+		return n == 50, fmt.Sprintf("repaired %v tasks missing in Redis, want 50", n)
+	})
 	eventually(t, 5*time.Second, func() (bool, string) {
 		reason, repairing := rl.Repairing()
 		return !repairing, "still repairing: " + reason

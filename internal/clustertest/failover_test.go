@@ -92,11 +92,15 @@ func TestClusterFailover(t *testing.T) {
 		if err := <-produced; err != nil {
 			t.Fatal(err)
 		}
-		// Reconcile after the failover and the load.
-		rep, err := reconcile.Reconcile(ctx, pg.pool, dq, reconcile.Options{Grace: -1})
-		if err != nil {
-			t.Fatalf("%s: reconcile: %v", name, err)
-		}
+		// Reconcile after the failover and the load. Right after a crash the
+		// client may still route to the dead master until it reloads the slots:
+		// try again for a few seconds.
+		var rep reconcile.Report
+		eventually(t, 20*time.Second, func() (bool, string) {
+			var err error
+			rep, err = reconcile.Reconcile(ctx, pg.pool, dq, reconcile.Options{Grace: -1})
+			return err == nil, fmt.Sprintf("%s: reconcile: %v", name, err)
+		})
 		eventually(t, 60*time.Second, func() (bool, string) {
 			s := pg.states(t)
 			return s["done"] == total, fmt.Sprint(s)

@@ -25,15 +25,17 @@ import (
 // too. docs/SECURITY.md shows these lines (TestSecurityDocACL keeps them equal).
 var (
 	// relayCommands: scripts enqueue, reap, inspect, probe and repair (settling
-	// tasks out of attempts); SADD and SMEMBERS for the queue registry.
-	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers",
-		"del", "hdel", "hexists", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
+	// tasks out of attempts, self-healing); SADD and SMEMBERS for the queue
+	// registry; GET, SET and INFO for the epoch marks of loss detection; TIME and
+	// ZCOUNT for the overdue gauge.
+	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers", "get", "set", "info",
+		"del", "hdel", "hexists", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zcount", "zrange", "zrem", "zscore"}
 	// workerCommands: scripts claim, extend, complete, retry, kill, release.
 	workerCommands = []string{"ping", "evalsha", "eval", "subscribe",
 		"del", "hdel", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
 	// operatorCommands: the commands reconcile, check, stats, dead and cancel
 	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds).
-	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan",
+	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan", "smembers",
 		"del", "hexists", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
 )
 
@@ -299,7 +301,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		refused(c.who, c.rdb, "KEYS", "*")
 		refused(c.who, c.rdb, "CONFIG", "GET", "maxmemory")
 		refused(c.who, c.rdb, "ACL", "LIST")
-		refused(c.who, c.rdb, "SET", prefix+":x", "1")                      // a command not in the set
+		refused(c.who, c.rdb, "APPEND", prefix+":x", "1")                   // a command not in the set
 		refused(c.who, c.rdb, "HSET", "other:{q}:t:x", "s", "r")            // a key outside the prefix
 		refused(c.who, c.rdb, "EVAL", "return redis.call('FLUSHALL')", "0") // through a script
 		refused(c.who, c.rdb, "EVAL", "return redis.call('HSET', KEYS[1], 'f', 'v')", "1", "other:x")

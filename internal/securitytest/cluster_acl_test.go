@@ -21,7 +21,7 @@ import (
 // clusterCommands are what go-redis's cluster client adds to a user's commands:
 // the slot layout (CLUSTER SLOTS), the key positions of commands (COMMAND), and
 // ASKING to follow a redirect while a slot moves.
-var clusterCommands = []string{"cluster|slots", "command", "asking"}
+var clusterCommands = []string{"cluster|slots", "cluster|shards", "command", "asking"}
 
 // TestLeastPrivilegeACLOnCluster runs the relay and a worker on a Redis Cluster
 // as users holding their ACL plus clusterCommands, on tasks of many queues spread

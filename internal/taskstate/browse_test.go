@@ -56,8 +56,8 @@ func TestBrowseQueriesUseIndexes(t *testing.T) {
 		{"pending", b.Pending, []any{"", nil, "", "", nil, nil, 50}, "delayq_outbox_pending_run_at_idx"},
 		{"pending of a queue, next page", b.Pending, []any{"q0", now, "q0", "t100", nil, nil, 50}, "delayq_outbox_pending_run_at_idx"},
 		{"pending, due range", b.Pending, []any{"q0", nil, "", "", now, now.Add(time.Hour), 50}, "delayq_outbox_pending_run_at_idx"},
-		{"dead", b.Finished, []any{"", "dead", nil, "", "", nil, nil, 50}, "delayq_outbox_done_at_idx"},
-		{"dead of a queue, next page", b.Finished, []any{"q2", "dead", now, "q2", "t2", nil, nil, 50}, "delayq_outbox_done_at_idx|delayq_outbox_pkey"},
+		{"dead", b.Finished, []any{"", "dead", nil, "", "", nil, nil, 50}, "delayq_outbox_dead_idx|delayq_outbox_done_at_idx"},
+		{"dead of a queue, next page", b.Finished, []any{"q2", "dead", now, "q2", "t2", nil, nil, 50}, "delayq_outbox_dead_idx|delayq_outbox_done_at_idx|delayq_outbox_pkey"},
 		{"done", b.Finished, []any{"q3", "done", nil, "", "", nil, nil, 50}, "delayq_outbox_done_at_idx"},
 	} {
 		p := explain(t, ctx, pool, tc.sql, tc.args...)
