@@ -475,12 +475,11 @@ func TestReaper(t *testing.T) {
 	if st := b.state(t, "q", "done"); st != "done" {
 		t.Errorf("q/done in Postgres: %s, want done (the guard keeps finished rows)", st)
 	}
-	if d := rl.metric(t, "delayq_relay_reaped_total", "result", "dead"); d != 1 {
-		t.Errorf("reaped dead = %v, want 1", d)
-	}
-	if d := rl.metric(t, "delayq_relay_reaped_total", "result", "finished"); d != 1 {
-		t.Errorf("reaped finished = %v, want 1", d)
-	}
+	// The counts follow the settling's Redis write by a moment.
+	eventually(t, 5*time.Second, func() (bool, string) {
+		d, f := rl.metric(t, "delayq_relay_reaped_total", "result", "dead"), rl.metric(t, "delayq_relay_reaped_total", "result", "finished")
+		return d == 1 && f == 1, fmt.Sprintf("reaped dead = %v, finished = %v; want 1, 1", d, f)
+	})
 	if r := rl.metric(t, "delayq_relay_reaped_total", "result", "requeued"); r < 1 {
 		t.Errorf("reaped requeued = %v, want at least 1", r)
 	}
