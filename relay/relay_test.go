@@ -616,7 +616,8 @@ func TestConfig(t *testing.T) {
 	cfg := relay.Config{}.WithDefaults()
 	if cfg.Schema != "public" || cfg.Horizon != time.Hour || cfg.BatchSize != 1000 || cfg.PollInterval != 5*time.Second ||
 		cfg.ReapInterval != time.Second || cfg.Retention != 7*24*time.Hour || cfg.RetentionBatch != 1000 ||
-		cfg.NotifyChannel != outbox.DefaultNotifyChannel || cfg.Logger == nil {
+		cfg.NotifyChannel != outbox.DefaultNotifyChannel || cfg.Logger == nil || cfg.RepairRate != 5000 ||
+		cfg.RepairBatch != 500 || cfg.RepairPause != 30*time.Second || cfg.LossCheckInterval != time.Second {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	b := setup(t)
@@ -631,6 +632,12 @@ func TestConfig(t *testing.T) {
 		{Queues: []string{"bad queue"}},
 		{Schema: "Bad-Schema"},
 		{NotifyChannel: "no spaces"},
+		{RepairRate: -2},
+		{RepairBatch: 1001},
+		{RepairPause: -time.Second},
+		{LossCheckInterval: -1},
+		{LeaderRetry: -time.Second},
+		{OverdueAfter: -time.Minute},
 	} {
 		if _, err := relay.New(b.pool, b.dq, c); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want ErrInvalidConfig", c, err)
@@ -639,8 +646,8 @@ func TestConfig(t *testing.T) {
 	if _, err := relay.New(nil, b.dq, relay.Config{}); !errors.Is(err, relay.ErrInvalidConfig) {
 		t.Errorf("New(nil pool): %v", err)
 	}
-	// -1 turns the reaper and the retention off.
-	if _, err := relay.New(b.pool, b.dq, relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1}); err != nil {
+	// -1 turns the reaper, the retention and the self-healing off.
+	if _, err := relay.New(b.pool, b.dq, relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1, RepairRate: -1}); err != nil {
 		t.Errorf("off switches: %v", err)
 	}
 	reg := prometheus.NewRegistry()

@@ -59,6 +59,7 @@ func TestRelayCommandBadInput(t *testing.T) {
 		{"no database URL", nil, nil, exitUsage, "no PostgreSQL URL"},
 		{"bad batch", nil, []string{"--batch", "0"}, exitUsage, "--batch 0"},
 		{"bad horizon", nil, []string{"--horizon", "-5s"}, exitUsage, "--horizon"},
+		{"bad repair rate", nil, []string{"--repair-rate", "-1"}, exitUsage, "--repair-rate -1"},
 		{"bad queue", nil, []string{"--queues", "ok,not ok"}, exitUsage, "invalid queue name"},
 		{"bad log format", nil, []string{"--log-format", "xml"}, exitUsage, "--log-format"},
 		{"unknown flag", nil, []string{"--nope"}, exitUsage, "nope"},
