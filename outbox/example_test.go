@@ -52,3 +52,27 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// Charge is the payload of the "charge" queue.
+type Charge struct {
+	Order       string `json:"order"`
+	AmountCents int    `json:"amount_cents"`
+}
+
+// Charges is declared once and used by producers and workers alike.
+var Charges = outbox.Queue[Charge]{Name: "charge"}
+
+// A typed queue builds the task from a value: the payload is JSON unless the
+// queue names another Codec.
+func ExampleQueue_Task() {
+	t, err := Charges.Task(outbox.Task{ID: "order-1001", Delay: 30 * time.Minute}, Charge{Order: "order-1001", AmountCents: 1250})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(t.Queue, t.ID, string(t.Payload))
+	v, err := Charges.Decode(t.Payload)
+	fmt.Println(v.AmountCents, err)
+	// Output:
+	// charge order-1001 {"order":"order-1001","amount_cents":1250}
+	// 1250 <nil>
+}

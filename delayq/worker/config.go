@@ -43,6 +43,11 @@ type Config struct {
 	// doc). Several workers may share one: they then share the collectors. Default
 	// nil: no Prometheus metrics (Stats still counts).
 	Registerer prometheus.Registerer
+
+	// Middleware wraps the runs of every queue, outside each queue's own
+	// (QueueConfig.Middleware); the first is the outermost. The worker's Recover is
+	// always outside them. Default none.
+	Middleware []Middleware
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -88,6 +93,15 @@ func (c Config) validate() error {
 	case c.ErrorPause < time.Millisecond:
 		return fmt.Errorf("%w: ErrorPause %v: at least 1ms", ErrInvalidConfig, c.ErrorPause)
 	}
+	return checkMiddleware(c.Middleware)
+}
+
+func checkMiddleware(mws []Middleware) error {
+	for i, mw := range mws {
+		if mw == nil {
+			return fmt.Errorf("%w: Middleware[%d] is nil", ErrInvalidConfig, i)
+		}
+	}
 	return nil
 }
 
@@ -119,6 +133,10 @@ type QueueConfig struct {
 	// outlive the task. (Redis drops the payload on completion anyway; dead tasks
 	// keep theirs in both stores so a person can run them again.) Default false.
 	ClearPayload bool
+
+	// Middleware wraps the runs of this queue's handler, inside the worker's
+	// (Config.Middleware); the first is the outermost. Default none.
+	Middleware []Middleware
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -140,6 +158,9 @@ func (c QueueConfig) validate() error {
 		return fmt.Errorf("%w: Concurrency %d: 1..%d", ErrInvalidConfig, c.Concurrency, maxConcurrency)
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("%w: MaxAttempts %d: 0 (the task's own) or more", ErrInvalidConfig, c.MaxAttempts)
+	}
+	if err := checkMiddleware(c.Middleware); err != nil {
+		return err
 	}
 	return c.Backoff.validate()
 }

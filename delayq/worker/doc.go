@@ -3,12 +3,32 @@
 // outbox and acknowledges Redis, so that a task's transactional effect is applied
 // exactly once whatever crashes, expired leases or duplicate deliveries happen.
 //
+//	type Charge struct{ Order string; AmountCents int }
+//	var Charges = outbox.Queue[Charge]{Name: "charge"} // shared with the producers
+//
 //	w, err := worker.New(pool, dq, ob, worker.Config{})
-//	err = w.HandleTx("payment", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
-//		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id) VALUES ($1)`, t.ID)
+//	err = worker.RegisterTx(w, Charges, func(ctx context.Context, tx pgx.Tx, t *worker.Task, c Charge) error {
+//		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, c.Order, c.AmountCents)
 //		return err
 //	}, worker.QueueConfig{Concurrency: 20})
 //	err = w.Run(ctx) // until ctx is cancelled, then a graceful shutdown
+//
+// # Typed handlers
+//
+// An outbox.Queue[T] names a queue and the type of its payloads, and is shared by
+// producers (Queue.Enqueue) and workers (Register, RegisterTx): the handler gets
+// the decoded T. JSON is the default codec; a Queue may name another
+// (outbox.Codec). A payload that does not decode makes the task dead at once,
+// with the reason as its last error. Handle and HandleTx take the raw payload.
+//
+// # Middleware
+//
+// A Middleware wraps every run of a handler, plain or transactional: logging,
+// tracing, metrics, timeouts, panics. Config.Middleware wraps every queue,
+// QueueConfig.Middleware one queue, inside the worker's. The built-ins are
+// middleware too: Recover (always the outermost, with Config.Logger), Timeout and
+// Logging. A middleware that returns an error fails the run, and what a
+// transactional handler wrote is rolled back.
 //
 // # Two kinds of handlers
 //

@@ -72,9 +72,3 @@ func (e *NoRetryError) Error() string {
 }
 
 func (e *NoRetryError) Unwrap() error { return e.Err }
-
-// panicError is a recovered handler panic. Its message is the panic value only:
-// the stack goes to the log, never into the task.
-type panicError struct{ value any }
-
-func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }

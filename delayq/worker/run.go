@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,11 +78,11 @@ func (r *run) execute(ctx context.Context) outcome {
 			err = fmt.Errorf("acquire a connection: %w", err)
 		} else {
 			tx = &handlerTx{ctx: ctx, conn: conn.Conn()}
-			err = r.call(func() error { return q.tx(ctx, tx, t) })
+			err = r.call(ctx, func(ctx context.Context) error { return q.tx(ctx, tx, t) })
 			err = cmp.Or(tx.err, err)
 		}
 	} else {
-		err = r.call(func() error { return q.plain(ctx, t) })
+		err = r.call(ctx, func(ctx context.Context) error { return q.plain(ctx, t) })
 		r.slot()
 	}
 
@@ -121,17 +120,10 @@ func (r *run) execute(ctx context.Context) outcome {
 	return r.fail(bctx, err)
 }
 
-// call runs the handler, turning a panic into an error. The stack goes to the log
-// only.
-func (r *run) call(h func() error) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			r.w.log.Error("worker: handler panicked", "queue", r.t.Queue, "id", r.t.ID,
-				"attempt", r.t.Attempt, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			err = &panicError{value: v}
-		}
-	}()
-	return h()
+// call runs the handler h through the queue's middleware, the worker's Recover
+// outermost.
+func (r *run) call(ctx context.Context, h Next) error {
+	return chain(r.q.mws, r.t, h)(ctx)
 }
 
 // complete records a successful transactional run: the guard and the COMMIT go to

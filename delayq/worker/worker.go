@@ -108,6 +108,9 @@ type queue struct {
 	cfg   QueueConfig
 	tx    TxHandler
 	plain Handler
+	// mws is the run's middleware: the worker's Recover, Config.Middleware,
+	// QueueConfig.Middleware.
+	mws []Middleware
 }
 
 // New returns a Worker that runs tasks from Redis (dq), records their completion
@@ -173,7 +176,8 @@ func (w *Worker) register(name string, cfg QueueConfig, tx TxHandler, plain Hand
 	if _, ok := w.queues[name]; ok {
 		return fmt.Errorf("%w: queue %q already has a handler", ErrInvalidConfig, name)
 	}
-	w.queues[name] = &queue{name: name, cfg: cfg, tx: tx, plain: plain}
+	mws := append([]Middleware{Recover(w.log)}, w.cfg.Middleware...)
+	w.queues[name] = &queue{name: name, cfg: cfg, tx: tx, plain: plain, mws: append(mws, cfg.Middleware...)}
 	return nil
 }
 

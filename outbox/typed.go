@@ -1,0 +1,101 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidPayload reports a value its codec could not encode (Queue.Task), or a
+// payload it could not decode (Queue.Decode). A worker makes a task whose payload
+// does not decode dead at once: it never will.
+var ErrInvalidPayload = errors.New("invalid payload")
+
+// Codec turns the values of a typed queue into payloads and back.
+type Codec interface {
+	Encode(v any) ([]byte, error)
+	Decode(payload []byte, v any) error
+}
+
+// JSONCodec is the default Codec: encoding/json.
+type JSONCodec struct{}
+
+// Encode returns the JSON encoding of v.
+func (JSONCodec) Encode(v any) ([]byte, error) { return json.Marshal(v) }
+
+// Decode reads the JSON payload into v.
+func (JSONCodec) Decode(payload []byte, v any) error { return json.Unmarshal(payload, v) }
+
+// Queue is a queue whose payloads are values of T. Declare it once, beside T, and
+// use it on both sides: producers build tasks with Task (or Enqueue), workers
+// register handlers that get a T (worker.Register, RegisterTx, RegisterSQL). A
+// value that does not encode is refused before anything is written; a payload
+// that does not decode makes its task dead at once, with the reason.
+//
+//	var Charges = outbox.Queue[Charge]{Name: "charge"}
+type Queue[T any] struct {
+	// Name is the queue's name (see Task.Queue).
+	Name string
+	// Codec encodes and decodes the payloads. Default (nil): JSONCodec.
+	Codec Codec
+}
+
+func (q Queue[T]) codec() Codec {
+	if q.Codec == nil {
+		return JSONCodec{}
+	}
+	return q.Codec
+}
+
+// Encode returns v's payload.
+func (q Queue[T]) Encode(v T) ([]byte, error) {
+	p, err := q.codec().Encode(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: queue %s: encode %T: %w", ErrInvalidPayload, q.Name, v, err)
+	}
+	return p, nil
+}
+
+// Decode reads a payload of the queue.
+func (q Queue[T]) Decode(payload []byte) (T, error) {
+	var v T
+	if err := q.codec().Decode(payload, &v); err != nil {
+		return v, fmt.Errorf("%w: queue %s: decode %T: %w", ErrInvalidPayload, q.Name, v, err)
+	}
+	return v, nil
+}
+
+// Task returns t with the queue's name and v's payload: set ID, and Delay, RunAt
+// or MaxAttempts as needed, in t. A t naming another queue is refused
+// (ErrInvalidQueue).
+func (q Queue[T]) Task(t Task, v T) (Task, error) {
+	if t.Queue != "" && t.Queue != q.Name {
+		return Task{}, fmt.Errorf("%w: task of queue %q built by queue %q", ErrInvalidQueue, t.Queue, q.Name)
+	}
+	p, err := q.Encode(v)
+	if err != nil {
+		return Task{}, err
+	}
+	t.Queue, t.Payload = q.Name, p
+	return t, nil
+}
+
+// Enqueue enqueues t with v's payload through c, in q's transaction (see
+// Client.Enqueue).
+func (q Queue[T]) Enqueue(ctx context.Context, c *Client, db Querier, t Task, v T) (Result, error) {
+	t, err := q.Task(t, v)
+	if err != nil {
+		return Result{}, err
+	}
+	return c.Enqueue(ctx, db, t)
+}
+
+// EnqueueSQL is Enqueue in a database/sql transaction (see Client.EnqueueSQL).
+func (q Queue[T]) EnqueueSQL(ctx context.Context, c *Client, tx SQLQuerier, t Task, v T) (Result, error) {
+	t, err := q.Task(t, v)
+	if err != nil {
+		return Result{}, err
+	}
+	return c.EnqueueSQL(ctx, tx, t)
+}
