@@ -184,7 +184,7 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	v, err := c.run(ctx, c.s.claim, []string{k.Ready, k.Active, k.TaskPrefix, k.Control}, max, ms(lease), hex.EncodeToString(b[:]))
+	v, err := c.run(ctx, c.s.claim, []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History}, max, ms(lease), hex.EncodeToString(b[:]))
 	if err != nil {
 		return Claim{}, fmt.Errorf("delayq: claim %s: %w", queue, err)
 	}
@@ -282,7 +282,7 @@ func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease)
 		for _, l := range part {
 			args = append(args, l.ID, l.Token)
 		}
-		v, err := c.run(ctx, c.s.complete, []string{k.Active, k.TaskPrefix}, args...)
+		v, err := c.run(ctx, c.s.complete, []string{k.Active, k.TaskPrefix, k.History}, args...)
 		if err != nil {
 			if len(part) == 1 {
 				return nil, fmt.Errorf("delayq: complete %s/%s: %w", queue, part[0].ID, err)

@@ -3,6 +3,8 @@ package delayq
 import (
 	"context"
 	"fmt"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // SetPaused mirrors a queue's pause flag into Redis: while it is set, the claim
@@ -46,4 +48,36 @@ func (c *Client) Paused(ctx context.Context, queue string) (bool, error) {
 		return false, fmt.Errorf("delayq: paused %s: %w", queue, err)
 	}
 	return len(v) == 1 && v[0] == "1", nil
+}
+
+// PausedMany reports, for each of queues, whether it is paused in Redis, with one
+// pipelined round trip.
+func (c *Client) PausedMany(ctx context.Context, queues ...string) (map[string]bool, error) {
+	cmds := make([]*redis.SliceCmd, len(queues))
+	keys := make([]string, len(queues))
+	for i, q := range queues {
+		k, err := c.Keys(q)
+		if err != nil {
+			return nil, err
+		}
+		keys[i] = k.Control
+	}
+	out := make(map[string]bool, len(queues))
+	if len(queues) == 0 {
+		return out, nil
+	}
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.HMGet(ctx, k, "p")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("delayq: paused: %w", err)
+	}
+	for i, q := range queues {
+		v := cmds[i].Val()
+		out[q] = len(v) == 1 && v[0] == "1"
+	}
+	return out, nil
 }

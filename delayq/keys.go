@@ -14,6 +14,7 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:dead           ZSET  member = task id, score = time of death
 //	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
 //	dq:{payment}:ctl            HASH  the queue's controls: paused (ctl.lua)
+//	dq:{payment}:h:<minute>     HASH  the queue's history of that minute (History)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"). One key
@@ -29,6 +30,9 @@ type Keys struct {
 	// Control is the queue's controls (a HASH: v version, p "1" while paused),
 	// mirrored from Postgres; the claim script reads it.
 	Control string
+	// History is the prefix of the per-minute history hashes; the minute (Unix
+	// time / 60, Redis clock) completes the key. See Client.History.
+	History string
 	// Wake is a pub/sub channel, not a key.
 	Wake string
 }
@@ -49,6 +53,7 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		Dead:       base + "dead",
 		TaskPrefix: base + "t:",
 		Control:    base + "ctl",
+		History:    base + "h:",
 		Wake:       base + "wake",
 	}, nil
 }

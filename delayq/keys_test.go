@@ -19,6 +19,7 @@ func TestKeysFor(t *testing.T) {
 		Dead:       "dq:{payment}:dead",
 		TaskPrefix: "dq:{payment}:t:",
 		Control:    "dq:{payment}:ctl",
+		History:    "dq:{payment}:h:",
 		Wake:       "dq:{payment}:wake",
 	}
 	if k != want {

@@ -3,6 +3,7 @@ package delayq
 import (
 	"context"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +74,17 @@ func (b testBundle) snapshot(t *testing.T) map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// withoutHistory drops the queue's history hashes (counts of claims and
+// completions, not tasks) from a snapshot.
+func (b testBundle) withoutHistory(snap map[string]string) map[string]string {
+	for k := range snap {
+		if strings.HasPrefix(k, b.k.History) {
+			delete(snap, k)
+		}
+	}
+	return snap
 }
 
 func sameSnapshot(t *testing.T, what string, before, after map[string]string) {

@@ -13,6 +13,10 @@
 -- KEYS[4]  the queue's controls HASH (ctl.lua): while its p is "1" the queue is
 --          paused and nothing is claimed (next_ms -1: the worker sleeps until the
 --          resume's wake-up)
+-- KEYS[5]  the queue's history hash prefix (Keys.History): the claim adds each task's
+--          lateness (now - due) to the hash of the current minute, KEYS[5] .. minute
+--          (field "l<b>", bucket b of hist_bucket), kept 2 hours. One hash per queue
+--          and minute, whatever the number of tasks.
 -- ARGV[1]  n, most tasks to claim (1..1000)
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
@@ -47,6 +51,7 @@ if #due > 0 then
   for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
   redis.call('ZREM', KEYS[1], unpack(ids))
   local leased = {}
+  local hist = {}
   for i = 1, #due, 2 do
     local id = due[i]
     local h = KEYS[3] .. id
@@ -67,10 +72,16 @@ if #due > 0 then
       out[k + 4] = tonumber(f[3]) or 25
       out[k + 5] = tonumber(f[4]) or 1
       out[k + 6] = token
-      out[k + 7] = fmt(math.floor(tonumber(due[i + 1]) * 1000 + 0.5))
+      local due_ms = math.floor(tonumber(due[i + 1]) * 1000 + 0.5)
+      out[k + 7] = fmt(due_ms)
+      local b = 'l' .. hist_bucket(now - due_ms)
+      hist[b] = (hist[b] or 0) + 1
     end
   end
-  if #leased > 0 then redis.call('ZADD', KEYS[2], unpack(leased)) end
+  if #leased > 0 then
+    redis.call('ZADD', KEYS[2], unpack(leased))
+    hist_add(KEYS[5], now, hist)
+  end
 end
 
 local next_ms = -1

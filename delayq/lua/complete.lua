@@ -8,6 +8,8 @@
 --
 -- KEYS[1]  active ZSET
 -- KEYS[2]  task hash key prefix
+-- KEYS[3]  the queue's history hash prefix (Keys.History): field "d" of the current
+--          minute's hash counts the tasks done (lib.lua hist_add)
 -- ARGV[1]  done retention in milliseconds (0 = delete the hash; at most 2^40)
 -- ARGV[2k], ARGV[2k+1]  for k = 1..n (n in 1..1000): task id (1..200 bytes), lease token
 --                       (1..100 bytes)
@@ -47,6 +49,10 @@ for i = 2, #ARGV, 2 do
     out[#out + 1] = 1
   end
 end
--- One ZREM for the batch.
-if #finished > 0 then redis.call('ZREM', KEYS[1], unpack(finished)) end
+-- One ZREM for the batch, and one count in the history.
+if #finished > 0 then
+  redis.call('ZREM', KEYS[1], unpack(finished))
+  local t = redis.call('TIME')
+  hist_add(KEYS[3], tonumber(t[1]) * 1000, { d = #finished })
+end
 return out

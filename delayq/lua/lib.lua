@@ -17,3 +17,22 @@ end
 -- and times in replies).
 local function fmt(ms) return string.format('%d.%03d', math.floor(ms / 1000), ms % 1000) end
 
+
+-- hist_bucket is the lateness histogram's bucket of ms milliseconds (delayq
+-- LatenessBucket, in Go, is the same): 0 for less than 1 ms, else 4 buckets per
+-- power of two, 1 + 4e + s for ms in [2^e (1 + s/4), 2^e (1 + (s+1)/4)), at most 120.
+local function hist_bucket(ms)
+  if ms < 1 then return 0 end
+  local m, e = math.frexp(ms) -- ms = m * 2^e, m in [0.5, 1): exact for integers
+  local b = 1 + 4 * (e - 1) + math.floor((2 * m - 1) * 4)
+  if b > 120 then return 120 end
+  return b
+end
+
+-- hist_add adds counts (field -> n) to the history hash of the minute of now_ms under
+-- prefix, and keeps it 2 hours (Keys.History).
+local function hist_add(prefix, now_ms, counts)
+  local key = prefix .. math.floor(now_ms / 60000)
+  for f, n in pairs(counts) do redis.call('HINCRBY', key, f, n) end
+  redis.call('PEXPIRE', key, 7200000)
+end

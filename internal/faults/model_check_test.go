@@ -363,6 +363,8 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 						v.add("redis", "%s/%s in the dead set; Postgres: row %v %s", q, id, ok, r.state)
 					}
 				}
+			case strings.HasPrefix(rk, kk.History):
+				known = true // a minute of the queue's history: counts, not tasks; it expires
 			case strings.HasPrefix(rk, kk.TaskPrefix):
 				known = true
 				id := strings.TrimPrefix(rk, kk.TaskPrefix)

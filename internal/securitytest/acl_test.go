@@ -34,9 +34,10 @@ var (
 	workerCommands = []string{"ping", "evalsha", "eval", "subscribe",
 		"del", "hdel", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
 	// operatorCommands: the commands reconcile, check, stats, dead and cancel
-	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds).
+	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds),
+	// and HGETALL for the dashboard's per-minute history.
 	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan", "smembers",
-		"del", "hexists", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
+		"del", "hexists", "hgetall", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
 )
 
 // aclRules are the ACL rules (after "user NAME on >PASSWORD") that give a user the
