@@ -39,4 +39,8 @@ var (
 	// ErrFinished reports that the task is done, dead or cancelled already, so it can
 	// no longer be cancelled or rescheduled. Enqueue a new task id to run it again.
 	ErrFinished = errors.New("task already finished")
+	// ErrStale reports an edit of a dead task (RetryDeadEdited) that is no longer
+	// the dead version the edit was made on: it was retried, purged and enqueued
+	// again, or edited by someone else. Read it again and redo the edit.
+	ErrStale = errors.New("task changed since it was read")
 )

@@ -54,6 +54,49 @@ func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, ru
 	return nil
 }
 
+// RetryDeadEdited retries the dead task queue/id with a new payload: its row
+// becomes pending as a new version, due now, attempts reset, its payload replaced
+// (checked against Config.MaxPayloadBytes like an enqueue's), and the relay moves
+// it (notified at commit). version is the dead version the edit was made on: if
+// the row is no longer that version, or no longer dead, nothing changes and the
+// error wraps ErrStale (or ErrNotFound when there is no row). Postgres alone, in
+// the caller's transaction: the transition dead-edit-retry of docs/DESIGN.md.
+// It returns the new version.
+func (c *Client) RetryDeadEdited(ctx context.Context, q Querier, queue, id string, version int, payload []byte) (int, error) {
+	if err := checkKey(queue, id); err != nil {
+		return 0, fmt.Errorf("outbox: retry edited: %w", err)
+	}
+	if version < 1 || version > validate.MaxVersion {
+		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: version %d: 1..%d", queue, id, ErrInvalidConfig, version, validate.MaxVersion)
+	}
+	if limit := c.cfg.MaxPayloadBytes; len(payload) > limit {
+		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: %d bytes, at most %d", queue, id, ErrPayloadTooLarge, len(payload), limit)
+	}
+	if payload == nil {
+		payload = []byte{} // the column is NOT NULL: an empty payload is a payload
+	}
+	var next int
+	err := pgxRunner{q}.query(ctx, c.sql.RetryDeadEdited, []any{queue, id, version, payload}, func(scan func(...any) error) error {
+		var notified int64
+		return scan(&next, &notified)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w", queue, id, err)
+	}
+	if next == 0 {
+		row, err := c.store.Row(ctx, q, queue, id)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("outbox: retry edited %s/%s: %w", queue, id, err)
+		case !row.Exists:
+			return 0, fmt.Errorf("outbox: retry edited %s/%s: %w", queue, id, ErrNotFound)
+		}
+		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: edited version %d, the row is %s version %d",
+			queue, id, ErrStale, version, row.State, row.Version)
+	}
+	return next, nil
+}
+
 // explain tells why a guarded update of queue/id changed no row.
 func (c *Client) explain(ctx context.Context, q Querier, op, queue, id string) error {
 	row, err := c.store.Row(ctx, q, queue, id)

@@ -57,6 +57,9 @@ type Statements struct {
 	// Reconcile, check and the dead-letter tools.
 	AllQueues, CountQueue, Page, PageQueued, Exists, Lookup, Lock string
 	ListDead, RetryDead, PurgeDead                                string
+
+	// Operator: a dead task retried with an edited payload (the dashboard).
+	RetryDeadEdited string
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
@@ -377,6 +380,19 @@ LIMIT $2`, table),
 	RETURNING o.queue, o.task_id
 )
 SELECT queue, task_id, %[2]s FROM upd`, table, notify("d.queue", "(SELECT DISTINCT queue FROM upd) AS d")),
+
+		// $1 queue, $2 task_id, $3 the dead version the edit was made on, $4 the new
+		// payload. RetryDead of one row, with its payload replaced: only while the
+		// row is still that dead version, so an edit never overwrites a task that
+		// was retried, purged and enqueued again, or edited by someone else.
+		// Returns the new version and the notification count (no row: nothing done).
+		RetryDeadEdited: fmt.Sprintf(`WITH upd AS (
+	UPDATE %s
+	SET payload = $4, state = 'pending', attempt = 0, done_at = NULL, run_at = statement_timestamp(), version = version + 1
+	WHERE queue = $1 AND task_id = $2 AND state = 'dead' AND version = $3
+	RETURNING version
+)
+SELECT version, %s FROM upd`, table, notify("$1::text", "upd")),
 
 		// $1 queues (empty: all), $2 task ids (empty: all), $3 limit.
 		PurgeDead: fmt.Sprintf(`DELETE FROM %[1]s AS o

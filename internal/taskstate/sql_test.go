@@ -61,6 +61,7 @@ FROM generate_series(1, 20000) AS i`)
 		{"mark invalid", st.MarkInvalid, []any{tids, errs}, "Tid Scan"},
 		{"prune", st.Prune, []any{(7 * 24 * time.Hour).Microseconds(), 1000}, "delayq_outbox_done_at_idx"},
 		{"retry dead", st.RetryDead, []any{[]string{"q1"}, []string{"t52"}, 1000}, "delayq_outbox_pkey"},
+		{"retry dead, edited", st.RetryDeadEdited, []any{"q2", "t52", 1, []byte(`{}`)}, "delayq_outbox_pkey"},
 	} {
 		rows, err := pool.Query(ctx, "EXPLAIN "+tc.sql, tc.args...)
 		if err != nil {

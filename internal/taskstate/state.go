@@ -127,6 +127,8 @@ var Transitions = []Transition{
 		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1"},
 	{Name: "dead-retry", From: []State{Dead}, To: Pending, By: Operator,
 		Postgres: "RetryDead", Order: PostgresOnly, Version: "+1"},
+	{Name: "dead-edit-retry", From: []State{Dead}, To: Pending, By: Operator,
+		Postgres: "RetryDeadEdited (payload replaced, only from the version edited)", Order: PostgresOnly, Version: "+1"},
 	{Name: "dead-purge", From: []State{Dead}, By: Operator,
 		Postgres: "PurgeDead", Redis: "repair remove (that version or older)", Order: PostgresThenRedis, Version: "-"},
 	{Name: "prune", From: []State{Done, Cancelled}, By: Retention,
