@@ -40,14 +40,20 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Registerer, when set, gets the worker's Prometheus collectors (see package
-	// doc). Several workers may share one: they then share the collectors. Default
-	// nil: no Prometheus metrics (Stats still counts).
+	// doc): the Prometheus Observer. Workers and relays sharing one share the
+	// collectors (counters add up). Default nil: no Prometheus metrics (Stats still
+	// counts).
 	Registerer prometheus.Registerer
 
 	// Middleware wraps the runs of every queue, outside each queue's own
 	// (QueueConfig.Middleware); the first is the outermost. The worker's Recover is
 	// always outside them. Default none.
 	Middleware []Middleware
+
+	// Observer, when set, receives the worker's claims and runs (tracing, custom
+	// metrics); combine several with Observers. It is called after the Prometheus
+	// observer. Default nil.
+	Observer Observer
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.

@@ -102,10 +102,12 @@
 // the due time) with a claim that finds nothing due yet, so that the claim at the
 // due time does not pay for waking an idle machine; no task is ever claimed early.
 //
-// # Metrics
+// # Observability
 //
-// Stats returns the counts of a Worker. With Config.Registerer set, the worker also
-// registers Prometheus collectors, labelled by queue:
+// Stats returns the counts of a Worker. Config.Observer receives every claim and
+// every run's start and end (an Observer, in the manner of pgx's tracers: package
+// delayqotel's traces one). With Config.Registerer set, the worker also registers
+// its Prometheus observer's collectors, labelled by queue:
 //
 //	delayq_worker_tasks_total{queue,outcome} outcome: claimed, succeeded, failed, retried,
 //	                                         dead, suppressed_duplicate, lease_lost, released

@@ -1,9 +1,9 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -47,10 +47,10 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-// metrics are the Prometheus collectors, labelled by queue. Nil vectors (no
-// Registerer) record nothing.
-type metrics struct {
-	events     *prometheus.CounterVec // label: queue, event
+// promObserver is the Observer behind Config.Registerer: the Prometheus
+// collectors, labelled by queue.
+type promObserver struct {
+	events     *prometheus.CounterVec // labels: queue, outcome
 	inFlight   *prometheus.GaugeVec
 	lateness   *prometheus.HistogramVec
 	processing *prometheus.HistogramVec
@@ -58,21 +58,26 @@ type metrics struct {
 
 // Values of the outcome label of delayq_worker_tasks_total.
 const (
-	evClaimed    = "claimed"
-	evSucceeded  = "succeeded"
-	evFailed     = "failed"
-	evRetried    = "retried"
-	evDead       = "dead"
-	evSuppressed = "suppressed_duplicate"
-	evLeaseLost  = "lease_lost"
-	evReleased   = "released"
+	evClaimed   = "claimed"
+	evFailed    = "failed"
+	evLeaseLost = "lease_lost"
 )
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{}
-	if reg == nil {
-		return m, nil
+// promOutcome is the label value of the outcomes that have one of their own
+// (lease_lost and failed are counted from RunEndEvent's other fields).
+func promOutcome(o Outcome) string {
+	switch o {
+	case OutcomeSucceeded, OutcomeRetried, OutcomeDead, OutcomeReleased:
+		return string(o)
+	case OutcomeSuppressed:
+		return "suppressed_duplicate"
 	}
+	return ""
+}
+
+// newPromObserver registers the worker's collectors on reg, or takes those another
+// Worker of the process registered there already: workers share a registry.
+func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "tasks_total",
 		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released.",
@@ -91,6 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Time from the start of a handler to the end of its bookkeeping (commit, ack).",
 		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"queue"})
+	m := &promObserver{}
 	var err error
 	if m.events, err = register(reg, events); err != nil {
 		return nil, err
@@ -124,26 +130,25 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 	return zero, err
 }
 
-func (m *metrics) event(queue, ev string) {
-	if m.events != nil {
-		m.events.WithLabelValues(queue, ev).Inc()
-	}
+func (m *promObserver) Claim(context.Context, ClaimEvent) {}
+
+func (m *promObserver) RunStart(ctx context.Context, t *Task) context.Context {
+	m.events.WithLabelValues(t.Queue, evClaimed).Inc()
+	m.lateness.WithLabelValues(t.Queue).Observe(max(t.ClaimedAt.Sub(t.Due), 0).Seconds())
+	m.inFlight.WithLabelValues(t.Queue).Inc()
+	return ctx
 }
 
-func (m *metrics) inFlightAdd(queue string, d float64) {
-	if m.inFlight != nil {
-		m.inFlight.WithLabelValues(queue).Add(d)
+func (m *promObserver) RunEnd(_ context.Context, t *Task, e RunEndEvent) {
+	m.inFlight.WithLabelValues(t.Queue).Dec()
+	m.processing.WithLabelValues(t.Queue).Observe(e.Duration.Seconds())
+	if e.Err != nil {
+		m.events.WithLabelValues(t.Queue, evFailed).Inc()
 	}
-}
-
-func (m *metrics) observeLateness(queue string, d time.Duration) {
-	if m.lateness != nil {
-		m.lateness.WithLabelValues(queue).Observe(max(d, 0).Seconds())
+	if e.LeaseLost {
+		m.events.WithLabelValues(t.Queue, evLeaseLost).Inc()
 	}
-}
-
-func (m *metrics) observeProcessing(queue string, d time.Duration) {
-	if m.processing != nil {
-		m.processing.WithLabelValues(queue).Observe(d.Seconds())
+	if label := promOutcome(e.Outcome); label != "" {
+		m.events.WithLabelValues(t.Queue, label).Inc()
 	}
 }

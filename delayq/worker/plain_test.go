@@ -102,8 +102,8 @@ func TestMetrics(t *testing.T) {
 	h.expect(t, "good", outSucceeded)
 	b.enqueue(t, task("m", "bad"))
 	h.expect(t, "bad", outDead)
-	ev := h.w.metrics.events
-	for e, want := range map[string]float64{evClaimed: 2, evSucceeded: 1, evFailed: 1, evDead: 1, evRetried: 0} {
+	ev := h.w.obs.(*promObserver).events
+	for e, want := range map[string]float64{"claimed": 2, "succeeded": 1, "failed": 1, "dead": 1, "retried": 0} {
 		if got := testutil.ToFloat64(ev.WithLabelValues("m", e)); got != want {
 			t.Errorf("delayq_worker_tasks_total{outcome=%q} = %v, want %v", e, got, want)
 		}
@@ -151,11 +151,11 @@ func TestRedisOnlyTask(t *testing.T) {
 			t.Errorf("%s/%s in Redis: %+v, want acknowledged", q, id, ti)
 		}
 	}
-	ev := h.w.metrics.events
-	if got := testutil.ToFloat64(ev.WithLabelValues("tx", evSuppressed)); got != 1 {
+	ev := h.w.obs.(*promObserver).events
+	if got := testutil.ToFloat64(ev.WithLabelValues("tx", "suppressed_duplicate")); got != 1 {
 		t.Errorf("suppressed counted %v times, want 1", got)
 	}
-	if got := testutil.ToFloat64(ev.WithLabelValues("plain", evSucceeded)); got != 1 {
+	if got := testutil.ToFloat64(ev.WithLabelValues("plain", "succeeded")); got != 1 {
 		t.Errorf("plain succeeded counted %v times, want 1", got)
 	}
 	if logs := h.logs.String(); !strings.Contains(logs, `level=INFO msg="worker: run suppressed, its effect rolled back" queue=tx id=t`) ||

@@ -22,13 +22,15 @@ type run struct {
 	// slot frees the run's concurrency slot (idempotent): a plain run frees it
 	// when its handler returns, before the bookkeeping, so a slow commit does not
 	// keep the next due task from starting.
-	slot  func()
-	w     *Worker
-	q     *queue
-	ct    delayq.ClaimedTask
-	t     *Task
-	lost  atomic.Bool // the lease is known to be lost
-	hbOff func()      // stops the heartbeats (idempotent)
+	slot func()
+	w    *Worker
+	q    *queue
+	ct   delayq.ClaimedTask
+	t    *Task
+	lost atomic.Bool // the lease is known to be lost
+	// failure is the error fail recorded (nil when the run did not fail).
+	failure error
+	hbOff   func() // stops the heartbeats (idempotent)
 }
 
 // run executes a claimed task and does its bookkeeping. hard is cancelled when the
@@ -43,23 +45,20 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
 	}}
 	w.stats.claimed.Add(1)
-	w.metrics.event(q.name, evClaimed)
-	w.metrics.observeLateness(q.name, claimedAt.Sub(ct.Due))
 	w.stats.inFlight.Add(1)
-	w.metrics.inFlightAdd(q.name, 1)
-	defer func() {
-		w.stats.inFlight.Add(-1)
-		w.metrics.inFlightAdd(q.name, -1)
-	}()
+	defer w.stats.inFlight.Add(-1)
 
-	ctx, cancel := context.WithCancelCause(hard)
+	octx := w.obs.RunStart(hard, r.t)
+	ctx, cancel := context.WithCancelCause(octx)
 	defer cancel(nil)
 	r.hbOff = r.heartbeat(ctx, cancel)
 	defer r.hbOff()
 
 	start := time.Now()
 	o := r.execute(ctx)
-	w.metrics.observeProcessing(q.name, time.Since(start))
+	w.obs.RunEnd(context.WithoutCancel(octx), r.t, RunEndEvent{
+		Outcome: Outcome(o), Err: r.failure, LeaseLost: r.lost.Load(), Duration: time.Since(start),
+	})
 	if f := w.hooks.finished; f != nil {
 		f(r.t, o)
 	}
@@ -190,7 +189,6 @@ func (r *run) refusedByState(ctx context.Context) (outcome, error) {
 func (r *run) succeeded(ctx context.Context) outcome {
 	w, t := r.w, r.t
 	w.stats.succeeded.Add(1)
-	w.metrics.event(t.Queue, evSucceeded)
 	if err := r.ack(ctx); err != nil {
 		// Done in Postgres: a redelivery after the lease is suppressed by the guard.
 		if !errors.Is(err, delayq.ErrLeaseLost) {
@@ -223,7 +221,6 @@ func (r *run) leaseErr(err error) error {
 func (r *run) markLost() {
 	if r.lost.CompareAndSwap(false, true) {
 		r.w.stats.leaseLost.Add(1)
-		r.w.metrics.event(r.t.Queue, evLeaseLost)
 	}
 }
 
@@ -264,7 +261,6 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	}
 	// Redis follows Postgres: this copy is acknowledged (dead if Postgres says so).
 	w.stats.suppressed.Add(1)
-	w.metrics.event(t.Queue, evSuppressed)
 	r.hbOff()
 	var err error
 	if st.Exists && st.State == taskstate.Dead && st.Version == t.Version {
@@ -286,7 +282,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 func (r *run) fail(ctx context.Context, err error) outcome {
 	w, q, t := r.w, r.q, r.t
 	w.stats.failed.Add(1)
-	w.metrics.event(t.Queue, evFailed)
+	r.failure = err
 	msg := validate.ErrorSummary(err.Error())
 	if r.lost.Load() {
 		// Another worker may hold the task now: its run decides.
@@ -334,7 +330,6 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 			w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
 		w.stats.dead.Add(1)
-		w.metrics.event(t.Queue, evDead)
 		return outDead
 	}
 	redisDead, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, delay, msg)
@@ -352,11 +347,9 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
 		w.stats.dead.Add(1)
-		w.metrics.event(t.Queue, evDead)
 		return outDead
 	}
 	w.stats.retried.Add(1)
-	w.metrics.event(t.Queue, evRetried)
 	return outRetried
 }
 
@@ -373,7 +366,6 @@ func (r *run) release(ctx context.Context) outcome {
 		return outLeaseLost
 	}
 	w.stats.released.Add(1)
-	w.metrics.event(t.Queue, evReleased)
 	return outReleased
 }
 

@@ -67,9 +67,9 @@ type Worker struct {
 
 	store *taskstate.Store // the outbox's transitions
 
-	stats   counters
-	metrics *metrics
-	hooks   hooks
+	stats counters
+	obs   Observer // Config.Observer and the Prometheus observer; never nil
+	hooks hooks
 	// While Run runs, completions feeds the batch recorder of plain runs and acks
 	// the batch acknowledger of successful runs in Redis (completer.go).
 	completions chan *completion
@@ -93,14 +93,14 @@ type hooks struct {
 type outcome string
 
 const (
-	outSucceeded  outcome = "succeeded"
-	outSuppressed outcome = "suppressed"
-	outRetried    outcome = "retried"
-	outDead       outcome = "dead"
-	outLeaseLost  outcome = "lease lost"
-	outReleased   outcome = "released"
-	outStale      outcome = "stale"
-	outError      outcome = "error" // bookkeeping failed; the lease will expire
+	outSucceeded  = outcome(OutcomeSucceeded)
+	outSuppressed = outcome(OutcomeSuppressed)
+	outRetried    = outcome(OutcomeRetried)
+	outDead       = outcome(OutcomeDead)
+	outLeaseLost  = outcome(OutcomeLeaseLost)
+	outReleased   = outcome(OutcomeReleased)
+	outStale      = outcome(OutcomeStale)
+	outError      = outcome(OutcomeError) // bookkeeping failed; the lease will expire
 )
 
 type queue struct {
@@ -124,9 +124,17 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("worker: register metrics: %w", err)
+	var prom Observer
+	if cfg.Registerer != nil {
+		p, err := newPromObserver(cfg.Registerer)
+		if err != nil {
+			return nil, fmt.Errorf("worker: register metrics: %w", err)
+		}
+		prom = p
+	}
+	obs := Observers(prom, cfg.Observer)
+	if obs == nil {
+		obs = nopObserver{}
 	}
 	return &Worker{
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
@@ -134,8 +142,8 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (
 			Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel,
 			NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
 		}),
-		metrics: m,
-		queues:  make(map[string]*queue),
+		obs:    obs,
+		queues: make(map[string]*queue),
 	}, nil
 }
 
@@ -307,6 +315,7 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.OpTimeout)
 		cl, err := w.dq.Claim(cctx, q.name, n, w.cfg.Lease)
 		cancel()
+		w.obs.Claim(ctx, ClaimEvent{Queue: q.name, Asked: n, Claimed: len(cl.Tasks), Err: err})
 		if err != nil {
 			free(n)
 			w.log.Warn("worker: claim failed", "queue", q.name, "err", err)
