@@ -97,9 +97,14 @@ type Config struct {
 	// Logger receives state changes (a server down, up again) and errors; nothing
 	// per row or per round. Default: discard.
 	Logger *slog.Logger
-	// Registerer gets the relay's Prometheus collectors (see Metrics). Default nil:
-	// the metrics are kept but not registered.
+	// Registerer, when set, gets the relay's Prometheus collectors: the Prometheus
+	// Observer. Relays and workers sharing one share the collectors (counters add
+	// up; a gauge shows what the relay that set it last saw). Default nil: no
+	// Prometheus metrics (Stats still counts).
 	Registerer prometheus.Registerer
+	// Observer, when set, receives the relay's events (tracing, custom metrics);
+	// combine several with Observers. Default nil.
+	Observer Observer
 
 	// Schedules are the periodic tasks this relay enqueues into the outbox, each
 	// tick once whatever the number of relays (package schedule; delayq relay

@@ -38,7 +38,6 @@ type healState struct {
 	mu        sync.Mutex
 	repairing string    // why a full repair runs ("" when none does)
 	since     time.Time // when it started
-	lastPass  time.Time // end of the last complete pass
 }
 
 // Repairing reports whether this relay is repairing Redis after a detected loss,
@@ -50,16 +49,6 @@ func (r *Relay) Repairing() (reason string, ok bool) {
 		return "", false
 	}
 	return fmt.Sprintf("%s (repairing for %v)", r.heal.repairing, time.Since(r.heal.since).Round(time.Second)), true
-}
-
-// lastPassAge is the age of the last complete anti-entropy pass (0 before any).
-func (r *Relay) lastPassAge() float64 {
-	r.heal.mu.Lock()
-	defer r.heal.mu.Unlock()
-	if r.heal.lastPass.IsZero() {
-		return 0
-	}
-	return time.Since(r.heal.lastPass).Seconds()
 }
 
 // advisoryKey is the lock the leader holds: one per outbox table.
@@ -97,7 +86,7 @@ func (r *Relay) setLeader(on bool) {
 		r.heal.repairing = ""
 		r.heal.mu.Unlock()
 	}
-	r.metrics.leader.Set(map[bool]float64{true: 1, false: 0}[on])
+	r.observe(context.Background(), LeaderEvent{Leading: on})
 }
 
 // lead returns a connection holding the leader's advisory lock, or nil when
@@ -245,7 +234,7 @@ func (h *healer) check(ctx context.Context) error {
 // one (not at a term's start).
 func (h *healer) lossDetected(reason string, shards []string, loss bool) {
 	if loss {
-		h.r.metrics.losses.Inc()
+		h.r.observe(context.Background(), RedisLossEvent{Reason: reason, Shards: shards})
 		h.r.cfg.Logger.Warn("relay: "+reason+"; repairing from PostgreSQL at once", "shards", shards)
 	} else {
 		h.r.cfg.Logger.Info("relay: "+reason+"; repairing from PostgreSQL at full speed", "shards", shards)
@@ -340,8 +329,8 @@ func (h *healer) runPass(ctx context.Context) error {
 			}
 			h.marks = marks
 		}
+		r.observe(ctx, PassEvent{Rows: rep.Rows, Found: rep.Found, Repaired: rep.Repaired, Duration: time.Since(begun)})
 		r.heal.mu.Lock()
-		r.heal.lastPass = time.Now()
 		wasRepairing := r.heal.repairing
 		r.heal.repairing = ""
 		r.heal.mu.Unlock()
@@ -369,17 +358,18 @@ func (r *Relay) healQueues(ctx context.Context) []string {
 	return qs
 }
 
-// countDivergences adds what one step found and repaired to the metrics.
+// countDivergences reports what one step found and repaired.
 func (r *Relay) countDivergences(q string, before, after reconcile.Report) {
 	for k, b := range after.Kinds {
 		was := before.Kinds[k]
-		if found := b.Found - was.Found; found > 0 {
-			r.metrics.divergences.WithLabelValues(string(k), "found").Add(float64(found))
-			r.cfg.Logger.Info("relay: divergence between PostgreSQL and Redis", "queue", q, "kind", string(k),
-				"found", found, "repaired", b.Repaired-was.Repaired, "sample", strings.Join(b.Samples[len(was.Samples):], ","))
+		found, repaired := b.Found-was.Found, b.Repaired-was.Repaired
+		if found > 0 || repaired > 0 {
+			r.observe(context.Background(), DivergenceEvent{Queue: q, Kind: k, Found: found, Repaired: repaired,
+				Sample: b.Samples[len(was.Samples):]})
 		}
-		if repaired := b.Repaired - was.Repaired; repaired > 0 {
-			r.metrics.divergences.WithLabelValues(string(k), "repaired").Add(float64(repaired))
+		if found > 0 {
+			r.cfg.Logger.Info("relay: divergence between PostgreSQL and Redis", "queue", q, "kind", string(k),
+				"found", found, "repaired", repaired, "sample", strings.Join(b.Samples[len(was.Samples):], ","))
 		}
 	}
 }

@@ -74,7 +74,7 @@ func (h *health) ok() {
 // server cannot be reached and are logged once per outage.
 // kind is the label of delayq_relay_errors_total.
 func (r *Relay) pgErr(kind, op string, err error) error {
-	r.metrics.errs.WithLabelValues(kind).Inc()
+	r.observe(context.Background(), ErrorEvent{Kind: kind, Op: op, Err: err})
 	if isPgReply(err) {
 		r.pg.ok()
 		r.cfg.Logger.Error("relay: PostgreSQL error", "op", op, "error", err.Error())
@@ -107,7 +107,7 @@ func isPgReply(err error) bool {
 
 // redisErr counts and reports an error of Redis, as pgErr does.
 func (r *Relay) redisErr(kind, op string, err error) error {
-	r.metrics.errs.WithLabelValues(kind).Inc()
+	r.observe(context.Background(), ErrorEvent{Kind: kind, Op: op, Err: err})
 	if isRedisReply(err) {
 		r.rd.ok()
 		r.cfg.Logger.Error("relay: Redis error", "op", op, "error", err.Error())

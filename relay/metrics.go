@@ -1,10 +1,14 @@
 package relay
 
 import (
-	"errors"
+	"context"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delayq/delayq/internal/promreg"
 )
 
 // metrics are the relay's Prometheus collectors, registered on Config.Registerer:
@@ -32,7 +36,9 @@ import (
 //	delayq_relay_overdue_tasks{queue}           tasks in Redis due more than OverdueAfter ago
 //	                                            and not claimed
 //
-// Several relays may run in one process only with different registerers (or nil).
+// It is the relay's Prometheus Observer. Relays (and workers) that share a
+// Registerer share the collectors: counters add up, and a gauge shows what the relay
+// that set it last saw.
 type metrics struct {
 	rows      *prometheus.CounterVec
 	batch     prometheus.Histogram
@@ -44,62 +50,76 @@ type metrics struct {
 
 	divergences *prometheus.CounterVec
 	losses      prometheus.Counter
-	passAge     prometheus.GaugeFunc
+	passAge     *ageGauge
 	leader      prometheus.Gauge
 	overdue     *prometheus.GaugeVec
 }
 
-func newMetrics(passAge func() float64) *metrics {
-	m := &metrics{
-		rows: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delayq_relay_rows_total",
-			Help: "Outbox rows moved to Redis, by result: added, duplicate (already in Redis), replaced (rescheduled), invalid (refused by Redis, set dead).",
-		}, []string{"result"}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "delayq_relay_batch_duration_seconds",
-			Help:    "Duration of one relay round that moved rows: select, Redis write, update, commit.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-		}),
-		lag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "delayq_relay_lag_seconds",
-			Help: "Age of the oldest pending outbox row that is due (0 when none is).",
-		}),
-		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delayq_outbox_rows",
-			Help: "Outbox rows by state, refreshed every stats interval (15s): pending, queued and dead counted exactly up to 100,000 (more reads 100,000); done and cancelled estimated from the planner's statistics (as fresh as the last ANALYZE).",
-		}, []string{"state"}),
-		reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delayq_relay_reaped_total",
-			Help: "Expired leases taken back by the reaper, by result: requeued, dead (out of attempts), finished (the outbox row had finished: removed from Redis), orphan.",
-		}, []string{"result"}),
-		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delayq_relay_errors_total",
-			Help: "Relay errors by kind: postgres, redis, listen, reap, retention, stats, heal.",
-		}, []string{"kind"}),
-		retention: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "delayq_relay_retention_deleted_total",
-			Help: "Finished outbox rows (done, cancelled) deleted after the retention.",
-		}),
-		divergences: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "delayq_relay_divergences_total",
-			Help: "Disagreements between PostgreSQL and Redis found by the anti-entropy pass, by kind, and how many it repaired (result found or repaired).",
-		}, []string{"kind", "result"}),
-		losses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "delayq_relay_redis_losses_total",
-			Help: "Redis data losses detected: a master without its epoch mark (restarted without persistence, flushed, or failed over to a replica without it). Each starts a full repair.",
-		}),
-		passAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "delayq_relay_repair_pass_age_seconds",
-			Help: "Seconds since this relay completed its last anti-entropy pass (0 before the first, and on relays that do not lead).",
-		}, passAge),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "delayq_relay_heal_leader",
-			Help: "1 while this relay leads the self-healing (loss detection and anti-entropy), else 0.",
-		}),
-		overdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "delayq_relay_overdue_tasks",
-			Help: "Tasks in Redis due more than OverdueAfter ago and not claimed, by queue, refreshed every StatsInterval. Tasks Redis lost count in delayq_relay_divergences_total until repaired.",
-		}, []string{"queue"}),
+// newMetrics registers the relay's collectors on reg, or takes those registered
+// there already.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{}
+	var err error
+	reg1 := func(c prometheus.Collector) prometheus.Collector {
+		if err != nil {
+			return c
+		}
+		var got prometheus.Collector
+		if got, err = promreg.Register(reg, c); err != nil {
+			err = fmt.Errorf("relay: register metrics: %w", err)
+		}
+		return got
+	}
+	m.rows, _ = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "delayq_relay_rows_total",
+		Help: "Outbox rows moved to Redis, by result: added, duplicate (already in Redis), replaced (rescheduled), invalid (refused by Redis, set dead).",
+	}, []string{"result"})).(*prometheus.CounterVec)
+	m.batch, _ = reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "delayq_relay_batch_duration_seconds",
+		Help:    "Duration of one relay round that moved rows: select, Redis write, update, commit.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})).(prometheus.Histogram)
+	m.lag, _ = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "delayq_relay_lag_seconds",
+		Help: "Age of the oldest pending outbox row that is due (0 when none is).",
+	})).(prometheus.Gauge)
+	m.depth, _ = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "delayq_outbox_rows",
+		Help: "Outbox rows by state, refreshed every stats interval (15s): pending, queued and dead counted exactly up to 100,000 (more reads 100,000); done and cancelled estimated from the planner's statistics (as fresh as the last ANALYZE).",
+	}, []string{"state"})).(*prometheus.GaugeVec)
+	m.reaped, _ = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "delayq_relay_reaped_total",
+		Help: "Expired leases taken back by the reaper, by result: requeued, dead (out of attempts), finished (the outbox row had finished: removed from Redis), orphan.",
+	}, []string{"result"})).(*prometheus.CounterVec)
+	m.errs, _ = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "delayq_relay_errors_total",
+		Help: "Relay errors by kind: postgres, redis, listen, reap, retention, stats, heal.",
+	}, []string{"kind"})).(*prometheus.CounterVec)
+	m.retention, _ = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "delayq_relay_retention_deleted_total",
+		Help: "Finished outbox rows (done, cancelled) deleted after the retention.",
+	})).(prometheus.Counter)
+	m.divergences, _ = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "delayq_relay_divergences_total",
+		Help: "Disagreements between PostgreSQL and Redis found by the anti-entropy pass, by kind, and how many it repaired (result found or repaired).",
+	}, []string{"kind", "result"})).(*prometheus.CounterVec)
+	m.losses, _ = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "delayq_relay_redis_losses_total",
+		Help: "Redis data losses detected: a master without its epoch mark (restarted without persistence, flushed, or failed over to a replica without it). Each starts a full repair.",
+	})).(prometheus.Counter)
+	m.passAge, _ = reg1(&ageGauge{desc: prometheus.NewDesc("delayq_relay_repair_pass_age_seconds",
+		"Seconds since this relay completed its last anti-entropy pass (0 before the first, and on relays that do not lead).",
+		nil, nil)}).(*ageGauge)
+	m.leader, _ = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "delayq_relay_heal_leader",
+		Help: "1 while this relay leads the self-healing (loss detection and anti-entropy), else 0.",
+	})).(prometheus.Gauge)
+	m.overdue, _ = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "delayq_relay_overdue_tasks",
+		Help: "Tasks in Redis due more than OverdueAfter ago and not claimed, by queue, refreshed every StatsInterval. Tasks Redis lost count in delayq_relay_divergences_total until repaired.",
+	}, []string{"queue"})).(*prometheus.GaugeVec)
+	if err != nil {
+		return nil, err
 	}
 	// Export every label value from the start, so dashboards see zeros.
 	for _, r := range []string{"added", "duplicate", "replaced", "invalid"} {
@@ -111,7 +131,7 @@ func newMetrics(passAge func() float64) *metrics {
 	for _, k := range []string{errPostgres, errRedis, errListen, errReap, errRetention, errStats, errHeal} {
 		m.errs.WithLabelValues(k)
 	}
-	return m
+	return m, nil
 }
 
 // Error kinds, the label values of delayq_relay_errors_total.
@@ -125,28 +145,62 @@ const (
 	errHeal      = "heal"
 )
 
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.batch, m.lag, m.depth, m.reaped, m.errs, m.retention,
-		m.divergences, m.losses, m.passAge, m.leader, m.overdue}
+// Observe records e in the collectors.
+func (m *metrics) Observe(_ context.Context, e Event) {
+	switch e := e.(type) {
+	case MoveEvent:
+		m.rows.WithLabelValues("added").Add(float64(e.Added))
+		m.rows.WithLabelValues("duplicate").Add(float64(e.Duplicate))
+		m.rows.WithLabelValues("replaced").Add(float64(e.Replaced))
+		m.rows.WithLabelValues("invalid").Add(float64(e.Invalid))
+		m.batch.Observe(e.Duration.Seconds())
+	case ReapEvent:
+		m.reaped.WithLabelValues("requeued").Add(float64(e.Requeued))
+		m.reaped.WithLabelValues("dead").Add(float64(e.Dead))
+		m.reaped.WithLabelValues("finished").Add(float64(e.Finished))
+		m.reaped.WithLabelValues("orphan").Add(float64(e.Orphans))
+	case ErrorEvent:
+		m.errs.WithLabelValues(e.Kind).Inc()
+	case RetentionEvent:
+		m.retention.Add(float64(e.Deleted))
+	case DivergenceEvent:
+		if e.Found > 0 {
+			m.divergences.WithLabelValues(string(e.Kind), "found").Add(float64(e.Found))
+		}
+		if e.Repaired > 0 {
+			m.divergences.WithLabelValues(string(e.Kind), "repaired").Add(float64(e.Repaired))
+		}
+	case RedisLossEvent:
+		m.losses.Inc()
+	case LeaderEvent:
+		m.leader.Set(map[bool]float64{true: 1, false: 0}[e.Leading])
+	case PassEvent:
+		m.passAge.last.Store(time.Now().UnixNano())
+	case LagEvent:
+		m.lag.Set(e.Lag.Seconds())
+	case DepthEvent:
+		for state, n := range map[string]int64{"pending": e.Pending, "queued": e.Queued, "dead": e.Dead,
+			"done": e.Done, "cancelled": e.Cancelled} {
+			m.depth.WithLabelValues(state).Set(float64(n))
+		}
+	case OverdueEvent:
+		m.overdue.WithLabelValues(e.Queue).Set(float64(e.Tasks))
+	}
 }
 
-func (m *metrics) register(r prometheus.Registerer) error {
-	if r == nil {
-		return nil
+// ageGauge exports the seconds since a time (0 before it is set), as of the
+// scrape.
+type ageGauge struct {
+	desc *prometheus.Desc
+	last atomic.Int64 // Unix nanoseconds; 0: never
+}
+
+func (g *ageGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g *ageGauge) Collect(ch chan<- prometheus.Metric) {
+	age := 0.0
+	if last := g.last.Load(); last != 0 {
+		age = time.Since(time.Unix(0, last)).Seconds()
 	}
-	var done []prometheus.Collector
-	for _, c := range m.collectors() {
-		if err := r.Register(c); err != nil {
-			for _, d := range done {
-				r.Unregister(d)
-			}
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				return fmt.Errorf("%w: Registerer holds the relay metrics already (one relay per registry): %w", ErrInvalidConfig, err)
-			}
-			return fmt.Errorf("relay: register metrics: %w", err)
-		}
-		done = append(done, c)
-	}
-	return nil
+	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, age)
 }

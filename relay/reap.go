@@ -42,9 +42,7 @@ func (r *Relay) reapOnce(ctx context.Context) {
 				break
 			}
 			r.rd.ok()
-			m := r.metrics.reaped
-			m.WithLabelValues("requeued").Add(float64(len(res.Requeued)))
-			m.WithLabelValues("orphan").Add(float64(len(res.Orphans)))
+			r.observe(ctx, ReapEvent{Queue: q, Requeued: len(res.Requeued), Orphans: len(res.Orphans)})
 			for part := range slices.Chunk(res.Exhausted, 1000) {
 				r.settleExhausted(opCtx, q, part)
 			}
@@ -128,8 +126,7 @@ func (r *Relay) settleExhausted(ctx context.Context, queue string, ids []string)
 			return
 		}
 	}
-	r.metrics.reaped.WithLabelValues("dead").Add(float64(killed))
-	r.metrics.reaped.WithLabelValues("finished").Add(float64(removed))
+	r.observe(ctx, ReapEvent{Queue: queue, Dead: killed, Finished: removed})
 	r.cfg.Logger.Info("relay: reaper settled tasks whose last lease expired",
 		"queue", queue, "tasks", len(tids), "dead_rows", tag.RowsAffected(), "dead", killed, "removed_finished", removed)
 }

@@ -21,13 +21,14 @@ import (
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
 // finished rows. Create it with New and start it with Run.
 type Relay struct {
-	pool    *pgxpool.Pool
-	dq      *delayq.Client
-	cfg     Config
-	store   *taskstate.Store
-	sql     taskstate.Statements
-	table   string
-	metrics *metrics
+	pool  *pgxpool.Pool
+	dq    *delayq.Client
+	cfg   Config
+	store *taskstate.Store
+	sql   taskstate.Statements
+	table string
+	obs   Observer // the Prometheus observer, Config.Observer and stats
+	stats statsObserver
 
 	pg, rd *health // state of the two servers, for logs once per change
 
@@ -55,21 +56,25 @@ func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
 	}
 	store := taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
 	r := &Relay{
-		pool:    pool,
-		dq:      dq,
-		cfg:     cfg,
-		table:   store.Table(),
-		store:   store,
-		sql:     store.SQL,
-		metrics: nil, // below: its gauge functions read r
-		wake:    make(chan struct{}, 1),
+		pool:  pool,
+		dq:    dq,
+		cfg:   cfg,
+		table: store.Table(),
+		store: store,
+		sql:   store.SQL,
+		wake:  make(chan struct{}, 1),
 	}
-	r.metrics = newMetrics(r.lastPassAge)
+	var prom Observer
+	if cfg.Registerer != nil {
+		m, err := newMetrics(cfg.Registerer)
+		if err != nil {
+			return nil, err
+		}
+		prom = m
+	}
+	r.obs = Observers(prom, cfg.Observer, &r.stats)
 	r.pg = newHealth("PostgreSQL", cfg.Logger)
 	r.rd = newHealth("Redis", cfg.Logger)
-	if err := r.metrics.register(cfg.Registerer); err != nil {
-		return nil, err
-	}
 	return r, nil
 }
 
@@ -264,12 +269,8 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 			}
 		}
 	}
-	m := r.metrics
-	m.rows.WithLabelValues("added").Add(float64(added))
-	m.rows.WithLabelValues("duplicate").Add(float64(dup))
-	m.rows.WithLabelValues("replaced").Add(float64(repl))
-	m.rows.WithLabelValues("invalid").Add(float64(len(bad)))
-	m.batch.Observe(time.Since(start).Seconds())
+	r.observe(ctx, MoveEvent{Added: added, Duplicate: dup, Replaced: repl, Invalid: len(bad),
+		Tasks: batches, Start: start, Duration: time.Since(start)})
 	if len(bad) > 0 {
 		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(bad),
 			"first", badID[0], "error", badEr[0])
@@ -309,10 +310,10 @@ func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	if next == nil {
-		r.metrics.lag.Set(0)
+		r.observe(ctx, LagEvent{})
 		return r.cfg.PollInterval, nil
 	}
-	r.metrics.lag.Set(max(0, now.Sub(*next).Seconds()))
+	r.observe(ctx, LagEvent{Lag: max(0, now.Sub(*next))})
 	// Rows within the horizon but locked by another relay look due now; waiting
 	// at least a little keeps this loop from spinning on them.
 	return max(next.Sub(now)-r.cfg.Horizon, r.cfg.BackoffMin), nil

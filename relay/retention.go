@@ -35,7 +35,7 @@ func (r *Relay) prune(ctx context.Context) (deleted int64, batches int, err erro
 		batches++
 		n := tag.RowsAffected()
 		deleted += n
-		r.metrics.retention.Add(float64(n))
+		r.observe(ctx, RetentionEvent{Deleted: n})
 		if n < int64(r.cfg.RetentionBatch) {
 			break
 		}

@@ -39,9 +39,6 @@ func (r *Relay) refreshStats(ctx context.Context) error {
 	if err := r.pool.QueryRow(ctx, r.sql.DepthLive, depthCap).Scan(&pending, &queued, &dead); err != nil {
 		return err
 	}
-	r.metrics.depth.WithLabelValues("pending").Set(float64(pending))
-	r.metrics.depth.WithLabelValues("queued").Set(float64(queued))
-	r.metrics.depth.WithLabelValues("dead").Set(float64(dead))
 	r.refreshOverdue(ctx)
 	rows, err := r.pool.Query(ctx, r.sql.DepthFinished, r.cfg.Schema)
 	if err != nil {
@@ -59,9 +56,8 @@ func (r *Relay) refreshStats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for state, n := range estimates {
-		r.metrics.depth.WithLabelValues(state).Set(float64(n))
-	}
+	r.observe(ctx, DepthEvent{Pending: pending, Queued: queued, Dead: dead,
+		Done: estimates["done"], Cancelled: estimates["cancelled"]})
 	return nil
 }
 
@@ -73,6 +69,6 @@ func (r *Relay) refreshOverdue(ctx context.Context) {
 			r.redisErr(errStats, "overdue "+q, err) //nolint:errcheck // counted and logged
 			return
 		}
-		r.metrics.overdue.WithLabelValues(q).Set(float64(n))
+		r.observe(ctx, OverdueEvent{Queue: q, Tasks: n})
 	}
 }

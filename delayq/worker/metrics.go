@@ -2,10 +2,11 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/delayq/delayq/internal/promreg"
 )
 
 // Stats are the counts of one Worker since New, summed over its queues.
@@ -98,36 +99,19 @@ func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 	}, []string{"queue"})
 	m := &promObserver{}
 	var err error
-	if m.events, err = register(reg, events); err != nil {
+	if m.events, err = promreg.Register(reg, events); err != nil {
 		return nil, err
 	}
-	if m.inFlight, err = register(reg, inFlight); err != nil {
+	if m.inFlight, err = promreg.Register(reg, inFlight); err != nil {
 		return nil, err
 	}
-	if m.lateness, err = register(reg, lateness); err != nil {
+	if m.lateness, err = promreg.Register(reg, lateness); err != nil {
 		return nil, err
 	}
-	if m.processing, err = register(reg, processing); err != nil {
+	if m.processing, err = promreg.Register(reg, processing); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under its
-// name (another Worker of the process), so workers can share a registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	var zero C
-	return zero, err
 }
 
 func (m *promObserver) Claim(context.Context, ClaimEvent) {}
