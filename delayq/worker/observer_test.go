@@ -11,33 +11,33 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// recorder is an Observer that keeps what it saw.
-type recorder struct {
+// obsRecorder is an Observer that keeps what it saw.
+type obsRecorder struct {
 	mu     sync.Mutex
 	claims []ClaimEvent
 	starts []string
 	ends   map[string]RunEndEvent
 }
 
-type ctxKey struct{}
+type obsCtxKey struct{}
 
-func (r *recorder) Claim(_ context.Context, e ClaimEvent) {
+func (r *obsRecorder) Claim(_ context.Context, e ClaimEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.claims = append(r.claims, e)
 }
 
-func (r *recorder) RunStart(ctx context.Context, t *Task) context.Context {
+func (r *obsRecorder) RunStart(ctx context.Context, t *Task) context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.starts = append(r.starts, t.ID)
-	return context.WithValue(ctx, ctxKey{}, "run "+t.ID)
+	return context.WithValue(ctx, obsCtxKey{}, "run "+t.ID)
 }
 
-func (r *recorder) RunEnd(ctx context.Context, t *Task, e RunEndEvent) {
+func (r *obsRecorder) RunEnd(ctx context.Context, t *Task, e RunEndEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ctx.Value(ctxKey{}) != "run "+t.ID {
+	if ctx.Value(obsCtxKey{}) != "run "+t.ID {
 		e.Outcome = "RunEnd without RunStart's context"
 	}
 	r.ends[t.ID] = e
@@ -49,12 +49,12 @@ func (r *recorder) RunEnd(ctx context.Context, t *Task, e RunEndEvent) {
 func TestObserver(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := &recorder{ends: map[string]RunEndEvent{}}
+	rec := &obsRecorder{ends: map[string]RunEndEvent{}}
 	reg := prometheus.NewRegistry()
 	boom := errors.New("boom")
 	h := b.start(t, Config{Observer: rec, Registerer: reg}, func(w *Worker) {
 		_ = w.HandleTx("obs", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
-			if ctx.Value(ctxKey{}) != "run "+tk.ID {
+			if ctx.Value(obsCtxKey{}) != "run "+tk.ID {
 				return NoRetry(errors.New("handler without RunStart's context"))
 			}
 			switch tk.ID {
@@ -114,7 +114,7 @@ func TestObservers(t *testing.T) {
 	if Observers() != nil || Observers(nil, nil) != nil {
 		t.Error("no observer: want nil")
 	}
-	a, c := &recorder{ends: map[string]RunEndEvent{}}, &recorder{ends: map[string]RunEndEvent{}}
+	a, c := &obsRecorder{ends: map[string]RunEndEvent{}}, &obsRecorder{ends: map[string]RunEndEvent{}}
 	if Observers(nil, a) != Observer(a) {
 		t.Error("one observer: want it unwrapped")
 	}
@@ -125,7 +125,7 @@ func TestObservers(t *testing.T) {
 	ctx := m.RunStart(context.Background(), &Task{ID: "x"})
 	m.RunEnd(ctx, &Task{ID: "x"}, RunEndEvent{Outcome: OutcomeSucceeded})
 	m.Claim(ctx, ClaimEvent{Queue: "q"})
-	for _, r := range []*recorder{a, c} {
+	for _, r := range []*obsRecorder{a, c} {
 		if len(r.starts) != 1 || r.ends["x"].Outcome != OutcomeSucceeded || len(r.claims) != 1 {
 			t.Errorf("observer saw %+v", r)
 		}
