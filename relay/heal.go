@@ -51,8 +51,19 @@ func (r *Relay) Repairing() (reason string, ok bool) {
 	return fmt.Sprintf("%s (repairing for %v)", r.heal.repairing, time.Since(r.heal.since).Round(time.Second)), true
 }
 
-// advisoryKey is the lock the leader holds: one per outbox table.
-func (r *Relay) advisoryKey() string { return "delayq heal " + r.table }
+// advisoryKey is the lock the leader holds: one per outbox table and queue set.
+// Relays split by Config.Queues each heal their own queues: with one lock per
+// table, the leader would heal only its queues and the others' never. Relays
+// whose sets overlap may then repair the shared queues at once, which the
+// compare-and-set repair allows.
+func (r *Relay) advisoryKey() string {
+	if len(r.cfg.Queues) == 0 {
+		return "delayq heal " + r.table
+	}
+	qs := slices.Clone(r.cfg.Queues)
+	slices.Sort(qs)
+	return "delayq heal " + r.table + " queues " + strings.Join(slices.Compact(qs), ",")
+}
 
 // healLoop tries to lead; while it leads, it heals.
 func (r *Relay) healLoop(ctx context.Context) {

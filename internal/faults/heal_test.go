@@ -60,6 +60,65 @@ func TestRedisFlushSelfHeals(t *testing.T) {
 	}
 }
 
+// Two relays split by queue (one relays alpha and beta, the other beta and
+// gamma: the "one relay per group" of `delayq relay --queues`, with a group they
+// share) while Redis is flushed twice under load, without an operator: each
+// relay leads the healing of its own queue set, so both repair beta at once,
+// and gamma, which only the second relays, is repaired too. Every task runs
+// once, none early.
+func TestTwoRelaysRepairAtOnce(t *testing.T) {
+	t.Parallel()
+	own := testenv.OwnRedis(t)
+	s := newSystem(t, "two-repairs", testenv.PostgresURL(t), own.URL())
+	ctx := s.ctx()
+	groups := map[string][]string{"relay-ab": {"alpha", "beta"}, "relay-bc": {"beta", "gamma"}}
+	for name, qs := range groups {
+		cfg := relayConfig(s.logger(name))
+		cfg.Queues = qs
+		s.runRelayConfig(name, cfg)
+	}
+	s.runWorker("worker-a")
+	s.runWorker("worker-b")
+	l := s.newLoad(loadTasks, loadTime)
+	done := l.start(ctx)
+	admin := redis.NewClient(&redis.Options{Addr: own.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+
+	s.waitEffects(ctx, 50)
+	flushes, lost := 0, 0
+	for range 2 {
+		if !pause(ctx, between(1500*time.Millisecond, 2500*time.Millisecond)) {
+			break
+		}
+		lost += s.queuedRows(ctx)
+		if err := admin.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		flushes++
+	}
+	wait(ctx, done)
+	s.check(ctx, l, checkOpts{faults: flushes, redisLost: true})
+	if flushes < 2 || lost == 0 {
+		t.Errorf("%d flushes, %d queued tasks lost with them: the fault never bit", flushes, lost)
+	}
+	// Both led their set's healing and repaired after each flush.
+	for name := range groups {
+		if !s.logged(name, "Redis lost data") {
+			t.Errorf("%s never detected a loss", name)
+		}
+	}
+}
+
+// logged tells whether an in-process component logged a line containing sub.
+func (s *system) logged(component, sub string) bool {
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		if strings.Contains(line, "component="+component) && strings.Contains(line, sub) {
+			return true
+		}
+	}
+	return false
+}
+
 // queuedRows counts the tasks Redis should hold.
 func (s *system) queuedRows(ctx context.Context) int {
 	var n int

@@ -232,10 +232,13 @@ func (s *system) runWorker(name string, hooks ...redis.Hook) {
 }
 
 // runRelay runs a relay in this process until the test ends.
-func (s *system) runRelay(name string) {
+func (s *system) runRelay(name string) { s.runRelayConfig(name, relayConfig(s.logger(name))) }
+
+// runRelayConfig runs a relay of cfg in this process until the test ends.
+func (s *system) runRelayConfig(name string, cfg relay.Config) {
 	t := s.t
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", "4"))
-	r, err := relay.New(pool, s.delayqClient(t, s.redisURL), relayConfig(s.logger(name)))
+	r, err := relay.New(pool, s.delayqClient(t, s.redisURL), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
