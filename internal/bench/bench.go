@@ -89,7 +89,7 @@ func Workloads() []string {
 		names = append(names, n)
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
-		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "redis-loss": 9, "idle": 10, "bounds": 11, "soak": 12}
+		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "redis-loss": 9, "redis-loss-restart": 10, "redis-loss-failover": 11, "idle": 12, "bounds": 13, "soak": 14}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

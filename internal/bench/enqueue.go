@@ -13,19 +13,21 @@ import (
 // registry lists the workloads by name.
 func registry() map[string]workload {
 	return map[string]workload{
-		"enqueue-tx":     {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx},
-		"enqueue-batch":  {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
-		"relay":          {"100,000 pending rows due now moved to Redis; lag commit→Redis under 2,000 tasks/s", relayBench},
-		"drain-tx":       {"20,000 tasks due now, 32 slots, no-op transactional handler", drain(drainTx)},
-		"drain-tx-write": {"20,000 tasks due now, 32 slots, transactional handler inserting one row", drain(drainTxWrite)},
-		"drain-plain":    {"20,000 tasks due now, 32 slots, no-op plain handler", drain(drainPlain)},
-		"lateness":       {"2,000 tasks due 5 s after start, spread over 1 s: handler start − due", lateness},
-		"memory":         {"100,000 tasks due in 1 h relayed to Redis: bytes per task in Redis and per outbox row", memory},
-		"recovery":       {"a worker process SIGKILLed 1 s into a 60 s task: seconds until the task runs again", recovery},
-		"idle":           {"Redis commands/s of one idle relay and one idle worker", idle},
-		"redis-loss":     {"100,000 tasks due over a minute; 10 s in, Redis loses them all: no operator, every task once, lateness after due or loss", redisLoss},
-		"soak":           {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
-		"bounds":         {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
+		"enqueue-tx":          {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx},
+		"enqueue-batch":       {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
+		"relay":               {"100,000 pending rows due now moved to Redis; lag commit→Redis under 2,000 tasks/s", relayBench},
+		"drain-tx":            {"20,000 tasks due now, 32 slots, no-op transactional handler", drain(drainTx)},
+		"drain-tx-write":      {"20,000 tasks due now, 32 slots, transactional handler inserting one row", drain(drainTxWrite)},
+		"drain-plain":         {"20,000 tasks due now, 32 slots, no-op plain handler", drain(drainPlain)},
+		"lateness":            {"2,000 tasks due 5 s after start, spread over 1 s: handler start − due", lateness},
+		"memory":              {"100,000 tasks due in 1 h relayed to Redis: bytes per task in Redis and per outbox row", memory},
+		"recovery":            {"a worker process SIGKILLed 1 s into a 60 s task: seconds until the task runs again", recovery},
+		"idle":                {"Redis commands/s of one idle relay and one idle worker", idle},
+		"redis-loss":          {"100,000 tasks due over a minute; 10 s in, their keys are deleted (a flush): no operator, every task once, lateness after due or loss", redisLoss(lossFlush)},
+		"redis-loss-restart":  {"redis-loss, but a Redis of its own without persistence is killed and restarted, empty", redisLoss(lossRestart)},
+		"redis-loss-failover": {"redis-loss on a Redis Cluster of its own (3 masters, replicas): the queue's master killed while its replica lags 500 ms", redisLoss(lossFailover)},
+		"soak":                {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
+		"bounds":              {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
 	}
 }
 

@@ -8,27 +8,148 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
 )
 
-// redisLoss: 100,000 tasks due over the next minute, a relay and a worker running;
-// 10 s in, everything Redis holds under the workload's prefix is deleted (what a
-// FLUSHALL or a restart without persistence does to it; the workload deletes only
-// its own keys, so a shared server keeps the rest). Nobody runs reconcile: the
-// relay detects the loss by its epoch mark and repairs from Postgres. Every task
-// must run once (a transactional handler writes one effect row each), none early,
-// and the figure is how late each started after its due time or the loss,
-// whichever is later; the target is 10 s for the last one.
-func redisLoss(ctx context.Context, s *session, r *Result) error {
+// The redis-loss workloads: 100,000 tasks due over the next minute, a relay and a
+// worker running; 10 s in, Redis loses what it holds of them, and nobody runs
+// reconcile: the relay detects the loss (its epoch mark gone, or the master's
+// identity changed) and repairs from Postgres. Every task must run once (a
+// transactional handler writes one effect row each), none early, and the figure
+// is how late each started after its due time or the loss, whichever is later;
+// the target is 10 s for the last one. How Redis loses them:
+//
+//   - flush (redis-loss): every key of the workload's prefix is deleted, what a
+//     FLUSHALL does to it (only its own keys, so a shared server keeps the rest);
+//   - restart (redis-loss-restart): a Redis server of the workload's own, without
+//     persistence, is killed (SIGKILL) and started again, empty;
+//   - failover (redis-loss-failover): a Redis Cluster of its own, 3 masters with a
+//     replica each; the master serving the queue is killed while its replica lags
+//     500 ms behind (frozen, its link cut), and the cluster promotes the replica,
+//     which lacks what the master acknowledged in that lag.
+type lossKind string
+
+const (
+	lossFlush    lossKind = "flush"
+	lossRestart  lossKind = "restart"
+	lossFailover lossKind = "failover"
+)
+
+// failoverLag is how far the replica is behind when its master dies: well below
+// the cluster node timeout (2 s), or the frozen replica is taken for failed too.
+const failoverLag = 500 * time.Millisecond
+
+// lossTarget is the Redis a redis-loss workload runs on, and how it loses data.
+type lossTarget struct {
+	dq *delayq.Client
+	// lose makes Redis lose the workload's tasks and returns when the loss
+	// began: the flush, the kill, the start of the replica's lag.
+	lose  func(ctx context.Context, r *Result) (time.Time, error)
+	close func()
+}
+
+// lossTarget sets up the Redis of kind.
+func (s *session) lossTarget(ctx context.Context, kind lossKind) (*lossTarget, error) {
+	switch kind {
+	case lossFlush:
+		return &lossTarget{dq: s.dq, close: func() {}, lose: func(ctx context.Context, _ *Result) (time.Time, error) {
+			lost := time.Now()
+			s.deleteKeys(ctx)
+			return lost, nil
+		}}, nil
+	case lossRestart:
+		own, err := tempserver.StartRedis(ctx, tempserver.RedisOptions{})
+		if err != nil {
+			return nil, err
+		}
+		opt, err := redis.ParseURL(own.URL())
+		if err != nil {
+			own.Close()
+			return nil, err
+		}
+		opt.PoolSize = 64
+		rdb := redis.NewClient(opt)
+		dq, err := delayq.New(rdb, delayq.Config{Prefix: s.prefix})
+		if err != nil {
+			_ = rdb.Close()
+			own.Close()
+			return nil, err
+		}
+		return &lossTarget{dq: dq, close: func() { _ = rdb.Close(); own.Close() },
+			lose: func(ctx context.Context, r *Result) (time.Time, error) {
+				lost := time.Now()
+				own.Kill()
+				if err := own.Start(ctx); err != nil {
+					return lost, fmt.Errorf("start Redis again: %w", err)
+				}
+				r.add("redis_down", time.Since(lost).Seconds(), "s")
+				return lost, nil
+			}}, nil
+	case lossFailover:
+		cl, err := tempserver.StartRedisCluster(ctx, 3)
+		if err != nil {
+			return nil, err
+		}
+		if err := cl.WaitReplicas(ctx); err != nil {
+			cl.Close()
+			return nil, err
+		}
+		// A short slot reload: after a master dies nothing answers MOVED for its
+		// slots, so the client learns the promoted replica from the reload.
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64,
+			ClusterStateReloadInterval: time.Second, DialTimeout: time.Second,
+			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
+		dq, err := delayq.New(rdb, delayq.Config{Prefix: s.prefix})
+		if err != nil {
+			_ = rdb.Close()
+			cl.Close()
+			return nil, err
+		}
+		return &lossTarget{dq: dq, close: func() { _ = rdb.Close(); cl.Close() },
+			lose: func(ctx context.Context, r *Result) (time.Time, error) {
+				k, err := dq.Keys("bench")
+				if err != nil {
+					return time.Time{}, err
+				}
+				m, err := cl.MasterFor(ctx, k.Ready)
+				if err != nil {
+					return time.Time{}, err
+				}
+				lost := time.Now()
+				if _, err := cl.KillMaster(ctx, m, failoverLag); err != nil {
+					return lost, err
+				}
+				r.add("failover", time.Since(lost).Seconds(), "s")
+				return lost, nil
+			}}, nil
+	}
+	return nil, fmt.Errorf("bench: loss kind %q", kind)
+}
+
+// redisLoss returns the workload of kind.
+func redisLoss(kind lossKind) func(ctx context.Context, s *session, r *Result) error {
+	return func(ctx context.Context, s *session, r *Result) error { return runRedisLoss(ctx, s, r, kind) }
+}
+
+func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) error {
 	n := s.n(100_000)
 	const (
 		lead   = 5 * time.Second  // before the first task is due: the relay moves them
 		spread = time.Minute      // due times spread over this
 		lossAt = 10 * time.Second // after the start
 	)
-	r.Params["tasks"], r.Params["spread"], r.Params["loss_after"] = n, spread.String(), lossAt.String()
+	r.Params["tasks"], r.Params["spread"], r.Params["loss_after"], r.Params["loss"] = n, spread.String(), lossAt.String(), string(kind)
+	tgt, err := s.lossTarget(ctx, kind)
+	if err != nil {
+		return err
+	}
+	defer tgt.close()
 	if _, err := s.pool.Exec(ctx, `CREATE TABLE bench_effects (task_id text NOT NULL, due timestamptz NOT NULL, started timestamptz NOT NULL)`); err != nil {
 		return err
 	}
@@ -44,14 +165,14 @@ func redisLoss(ctx context.Context, s *session, r *Result) error {
 			return err
 		}
 	}
-	startedRelay, err := s.startRelay(ctx)
+	rl, err := relay.New(s.pool, tgt.dq, relay.Config{Schema: s.schema})
 	if err != nil {
 		return err
 	}
-	stopRelay := sync.OnceValue(startedRelay)
+	stopRelay := sync.OnceValue(s.background(ctx, rl.Run))
 	defer stopRelay() //nolint:errcheck // stopped below; this one for early returns
 
-	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	w, err := worker.New(s.pool, tgt.dq, s.ob, worker.Config{})
 	if err != nil {
 		return err
 	}
@@ -72,8 +193,10 @@ func redisLoss(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	lost := time.Now()
-	s.deleteKeys(ctx)
+	lost, err := tgt.lose(ctx, r)
+	if err != nil {
+		return err
+	}
 	r.Params["queued_at_loss"] = queued
 
 	if err := waitFor(ctx, lead+spread+2*time.Minute, "every task to finish", func() (bool, error) {
