@@ -64,6 +64,16 @@ type Config struct {
 	// notifications. Between rounds the relay waits for a notification at commit,
 	// or until the next pending row comes within the horizon. Default 5s.
 	PollInterval time.Duration
+	// PollOnly makes the relay poll instead of LISTENing for the producers'
+	// notifications, for a connection pooler in transaction mode (PgBouncer's
+	// pool_mode=transaction), where LISTEN is not available: a round runs when the
+	// next pending row comes within the horizon (read from Postgres after every
+	// round) and every PollInterval, so a task due sooner than PollInterval after
+	// its commit reaches Redis up to PollInterval late (half of it on average). The
+	// self-healing leader then holds its advisory lock in an open transaction (which
+	// the pooler keeps on one server connection) rather than a session. Default
+	// false.
+	PollOnly bool
 	// RoundTimeout bounds one round (select, Redis write, update, commit). A round
 	// in hand is finished, not abandoned, when Run's context ends. Default 30s.
 	RoundTimeout time.Duration

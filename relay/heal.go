@@ -101,18 +101,36 @@ func (r *Relay) setLeader(on bool) {
 }
 
 // lead returns a connection holding the leader's advisory lock, or nil when
-// another relay holds it. The lock lasts as long as the connection.
+// another relay holds it. The lock lasts as long as the connection. In PollOnly
+// mode (a pooler in transaction mode, which hands a session's server connection
+// to other clients between transactions) it is a transaction's lock, held by a
+// transaction left open for the term: the pooler keeps one server connection for
+// it, and closing the connection ends both.
 func (r *Relay) lead(ctx context.Context) (*pgxpool.Conn, error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
+	lock := `SELECT pg_try_advisory_lock(hashtext($1))`
+	if r.cfg.PollOnly {
+		if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+			conn.Release()
+			return nil, err
+		}
+		lock = `SELECT pg_try_advisory_xact_lock(hashtext($1))`
+	}
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, r.advisoryKey()).Scan(&got); err != nil {
+	if err := conn.QueryRow(ctx, lock, r.advisoryKey()).Scan(&got); err != nil {
+		_ = conn.Conn().Close(context.WithoutCancel(ctx))
 		conn.Release()
 		return nil, err
 	}
 	if !got {
+		if r.cfg.PollOnly {
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}
 		conn.Release()
 		return nil, nil
 	}

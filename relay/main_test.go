@@ -35,13 +35,13 @@ type testBundle struct {
 	ob     *outbox.Client
 }
 
-func setup(t *testing.T) testBundle {
+func setup(t testing.TB) testBundle {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	return newBundle(t, rdb, prefix)
 }
 
-func newBundle(t *testing.T, rdb redis.UniversalClient, prefix string) testBundle {
+func newBundle(t testing.TB, rdb redis.UniversalClient, prefix string) testBundle {
 	t.Helper()
 	url := testenv.PostgresURL(t)
 	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})

@@ -104,7 +104,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	var wg sync.WaitGroup
-	loops := []func(context.Context){r.relayLoop, r.listenLoop}
+	loops := []func(context.Context){r.relayLoop}
+	if !r.cfg.PollOnly {
+		loops = append(loops, r.listenLoop)
+	}
 	if r.cfg.ReapInterval > 0 {
 		loops = append(loops, r.reapLoop)
 	}

@@ -27,16 +27,19 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		schedules    string
 		repairRate   int
 		repairPause  time.Duration
+		pollOnly     bool
 	)
 	fs := newFlagSet(m, "relay", "relay [flags]",
 		"  DATABASE_URL=postgres://app@db/app REDIS_URL=redis://cache:6379 delayq relay\n"+
 			"  delayq relay --horizon 10m --listen :9090 --log-format json\n"+
 			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n"+
-			"  delayq relay --schedules schedules.yaml     # also enqueue periodic tasks (see delayq schedules --help)\n")
+			"  delayq relay --schedules schedules.yaml     # also enqueue periodic tasks (see delayq schedules --help)\n"+
+			"  delayq relay --poll-only --poll-interval 1s # behind PgBouncer in transaction mode (no LISTEN)\n")
 	conn.register(fs, m, true, true)
 	fs.DurationVar(&horizon, "horizon", relay.DefaultHorizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
 	fs.IntVar(&batch, "batch", relay.DefaultBatchSize, "most rows one round moves (1..10000)")
 	fs.DurationVar(&pollInterval, "poll-interval", relay.DefaultPollInterval, "longest wait between rounds, the backstop for missed notifications")
+	fs.BoolVar(&pollOnly, "poll-only", false, "poll instead of LISTEN, for PgBouncer in transaction mode: rows due sooner than --poll-interval after their commit reach Redis up to that late (add ?default_query_exec_mode=simple_protocol to the URL)")
 	fs.DurationVar(&reapInterval, "reap-interval", relay.DefaultReapInterval, "how often expired leases are taken back; 0 turns the reaper off")
 	fs.DurationVar(&retention, "retention", relay.DefaultRetention, "delete done and cancelled rows this long after they finished; 0 keeps them")
 	fs.StringVar(&listen, "listen", sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
@@ -70,6 +73,7 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		Horizon:      horizon,
 		BatchSize:    batch,
 		PollInterval: pollInterval,
+		PollOnly:     pollOnly,
 		ReapInterval: offIfZero(reapInterval),
 		Retention:    offIfZero(retention),
 		Logger:       logger,
