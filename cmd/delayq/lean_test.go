@@ -58,3 +58,47 @@ func TestLeanBinary(t *testing.T) {
 		t.Errorf("-tags %s: cmd/delayq does not depend on internal/tempserver; demo's throwaway servers and bench are gone?", devTag)
 	}
 }
+
+// TestLeanLibraries: the packages applications import (every package of the module
+// outside cmd/, internal/ and examples/: outbox, delayq, worker, relay, reconcile,
+// migrations, schedule, the test kit, the OpenTelemetry adapter, and any added
+// later) depend on no throwaway test server, no dockertest and no Docker client.
+// (The test kit gives a test a database and a prefix on the user's own servers.)
+func TestLeanLibraries(t *testing.T) {
+	t.Parallel()
+	list := exec.Command("go", "list", "github.com/delayq/delayq/...")
+	list.Dir = "../.."
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var libs []string
+	for _, p := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(p, "github.com/delayq/delayq/")
+		if strings.HasPrefix(rel, "cmd/") || strings.HasPrefix(rel, "internal/") || strings.HasPrefix(rel, "examples/") {
+			continue
+		}
+		libs = append(libs, p)
+	}
+	for _, want := range []string{"outbox", "delayq", "delayq/worker", "relay", "relay/reconcile", "migrations"} {
+		if !slices.Contains(libs, "github.com/delayq/delayq/"+want) {
+			t.Fatalf("go list found no package %s among %v", want, libs)
+		}
+	}
+	for _, lib := range libs {
+		deps := exec.Command("go", "list", "-deps", lib)
+		deps.Dir = "../.."
+		out, err := deps.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", lib, err)
+		}
+		for _, d := range strings.Fields(string(out)) {
+			switch {
+			case d == "github.com/ory/dockertest/v3" || strings.HasPrefix(d, "github.com/ory/dockertest/v3/"),
+				strings.HasPrefix(d, "github.com/docker/"), strings.HasPrefix(d, "github.com/moby/"),
+				d == "github.com/delayq/delayq/internal/tempserver", d == "github.com/delayq/delayq/internal/testenv":
+				t.Errorf("%s depends on %s: a library package must not (applications would link it)", lib, d)
+			}
+		}
+	}
+}
