@@ -347,11 +347,21 @@ func (c *Client) Kill(ctx context.Context, queue, id, token, lastErr string) err
 // Release hands a lease back (worker shutdown): the task is due now again and the
 // interrupted run is not counted. ErrLeaseLost: the token no longer holds the task.
 func (c *Client) Release(ctx context.Context, queue, id, token string) error {
+	return c.ReleaseAfter(ctx, queue, id, token, 0)
+}
+
+// ReleaseAfter is Release with the task due after delay (Redis clock, rounded up
+// to a whole ms) instead of now: a run that snoozed. The run is not
+// counted.
+func (c *Client) ReleaseAfter(ctx context.Context, queue, id, token string, delay time.Duration) error {
 	k, err := c.leaseArgs(queue, id, token)
 	if err != nil {
 		return err
 	}
-	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix}, k.Wake, id, token)
+	if delay < 0 || ms(delay) > maxMS {
+		return fmt.Errorf("%w: release delay %v: must not be negative", ErrInvalidArgument, delay)
+	}
+	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix}, k.Wake, id, token, ms(delay))
 	if err != nil {
 		return fmt.Errorf("delayq: release %s/%s: %w", queue, id, err)
 	}

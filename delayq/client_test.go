@@ -607,6 +607,31 @@ func TestReleaseDoesNotCountTheRun(t *testing.T) {
 	}
 }
 
+// ReleaseAfter (a snooze) gives the lease back due after the delay, uncounted.
+func TestReleaseAfter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	b.enqueue(t, Task{ID: "x", RunAt: now.Add(-time.Hour)})
+	cl := b.claim(t, 1, time.Minute)
+	if err := b.c.ReleaseAfter(ctx, "q", "x", cl.Tasks[0].Token, -time.Second); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("negative delay: %v", err)
+	}
+	before := redisNow(t, b.rdb)
+	if err := b.c.ReleaseAfter(ctx, "q", "x", cl.Tasks[0].Token, time.Hour+time.Microsecond); err != nil {
+		t.Fatal(err)
+	}
+	after := redisNow(t, b.rdb)
+	ti := b.info(t, "x")
+	if ti.State != StateReady || ti.Attempt != 0 || ti.Score.Before(before.Add(time.Hour+time.Millisecond)) || ti.Score.After(after.Add(time.Hour+time.Millisecond)) {
+		t.Errorf("released for an hour: %+v (between %v and %v)", ti, before, after)
+	}
+	if err := b.c.ReleaseAfter(ctx, "q", "x", cl.Tasks[0].Token, time.Second); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("second release: %v", err)
+	}
+}
+
 func TestReap(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{ReapBackoffBase: 2 * time.Second, ReapBackoffMax: time.Minute})

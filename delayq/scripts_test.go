@@ -151,6 +151,9 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{"", "act", tok}},
 		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "", tok}},
 		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act", ""}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act", tok, "-1"}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act", tok, "x"}},
+		{"release", s.release, []string{k.Ready, k.Active, k.TaskPrefix}, []any{w, "act", tok, "0", "e"}},
 
 		{"reap", s.reap, lease, []any{w, "10", "1000", "2000", "1"}},
 		{"reap", s.reap, lease, []any{"", "10", "1000", "2000", "1", "e"}},

@@ -1,7 +1,9 @@
--- release: hand a lease back without using up the attempt (worker shutdown).
+-- release: hand a lease back without using up the attempt (worker shutdown, a
+-- snoozed run, a dead hook that failed).
 --
--- Only if the token still holds the lease: the task returns to ready, due now (Redis
--- clock), with attempt - 1 (never below 0), so the interrupted run is not counted.
+-- Only if the token still holds the lease: the task returns to ready, due now plus
+-- the delay (Redis clock), with attempt - 1 (never below 0), so the run is not
+-- counted.
 --
 -- KEYS[1]  ready ZSET
 -- KEYS[2]  active ZSET
@@ -9,16 +11,21 @@
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
---
+-- ARGV[4]  delay in milliseconds (0..2^40), optional: 0
 -- Returns 1 released, 0 lease lost (nothing changed).
 -- PUBLISHes on the wake channel when the task became the earliest in ready.
 -- Malformed ARGV: an error reply, nothing written.
 
-if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
+if #ARGV ~= 3 and #ARGV ~= 4 then return fail('expected 3 or 4 arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 local id, token = ARGV[2], ARGV[3]
 if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end
 if #token == 0 or #token > 100 then return fail('token must have 1..100 bytes') end
+local delay = 0
+if #ARGV == 4 then
+  delay = int(ARGV[4], 0, 1099511627776)
+  if delay == nil then return fail('delay must be an integer number of ms in 0..2^40') end
+end
 
 local h = KEYS[3] .. id
 local f = redis.call('HMGET', h, 's', 't', 'a')
@@ -36,8 +43,9 @@ else
   redis.call('HSET', h, 's', 'r')
   redis.call('HDEL', h, 'a')
 end
-redis.call('ZADD', KEYS[1], fmt(now), id)
-if hd[2] == nil or now < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
-  redis.call('PUBLISH', ARGV[1], fmt(now))
+local score = now + delay
+redis.call('ZADD', KEYS[1], fmt(score), id)
+if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
+  redis.call('PUBLISH', ARGV[1], fmt(score))
 end
 return 1

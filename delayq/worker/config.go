@@ -45,6 +45,10 @@ type Config struct {
 	// counts).
 	Registerer prometheus.Registerer
 
+	// OnError is called for every failed run, with what the worker is about to do
+	// about it. Default nil.
+	OnError ErrorHandler
+
 	// Middleware wraps the runs of every queue, outside each queue's own
 	// (QueueConfig.Middleware); the first is the outermost. The worker's Recover is
 	// always outside them. Default none.
@@ -139,6 +143,14 @@ type QueueConfig struct {
 	// outlive the task. (Redis drops the payload on completion anyway; dead tasks
 	// keep theirs in both stores so a person can run them again.) Default false.
 	ClearPayload bool
+
+	// Retry decides whether and when a failed task runs again. Default nil: the
+	// Backoff, until the last attempt.
+	Retry RetryPolicy
+
+	// OnDead runs in the transaction that records a task's death (see DeadHook).
+	// Default nil.
+	OnDead DeadHook
 
 	// Middleware wraps the runs of this queue's handler, inside the worker's
 	// (Config.Middleware); the first is the outermost. Default none.

@@ -21,6 +21,13 @@
 // (outbox.Codec). A payload that does not decode makes the task dead at once,
 // with the reason as its last error. Handle and HandleTx take the raw payload.
 //
+// # database/sql
+//
+// HandleSQLTx (and RegisterSQL) registers a transactional handler that gets a
+// *sql.Tx begun on the *sql.DB it is given (pgx's stdlib driver, or another
+// Postgres driver), for sqlx, GORM or ent code: the guard runs in that
+// transaction and commits with the handler's writes, as for HandleTx.
+//
 // # Middleware
 //
 // A Middleware wraps every run of a handler, plain or transactional: logging,
@@ -83,6 +90,18 @@
 // NoRetry(err) (dead at once). A task that fails its last attempt
 // (QueueConfig.MaxAttempts, or the task's own limit) is dead: first in Postgres,
 // then in Redis, with its last error; it never runs again by itself.
+// QueueConfig.Retry replaces the backoff with a function of the attempt and the
+// error, which may also stop the retries.
+//
+// # Hooks, snooze and cancel
+//
+// QueueConfig.OnDead runs in the Postgres transaction that records the task's
+// death: "mark the order payment_failed" commits with the death, exactly once.
+// A hook that fails rolls the death back and the task fails again later (see
+// DeadHook). Config.OnError sees every failure with what the worker does about
+// it. From inside a handler, Snooze(d) runs the task again after d without
+// counting the run, and Cancel(err) finishes it without effect, recorded as
+// cancelled; both roll back a transactional handler's writes.
 //
 // # Shutdown
 //
@@ -110,7 +129,8 @@
 // its Prometheus observer's collectors, labelled by queue:
 //
 //	delayq_worker_tasks_total{queue,outcome} outcome: claimed, succeeded, failed, retried,
-//	                                         dead, suppressed_duplicate, lease_lost, released
+//	                                         dead, suppressed_duplicate, lease_lost, released,
+//	                                         snoozed, cancelled
 //	delayq_worker_in_flight{queue}
 //	delayq_worker_claim_lateness_seconds{queue}  claim time - due time, Redis clock
 //	delayq_worker_processing_seconds{queue}      handler start to end of its bookkeeping

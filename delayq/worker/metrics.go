@@ -32,12 +32,21 @@ type Stats struct {
 	LeaseLost int64
 	// Released runs: interrupted by shutdown, lease given back, to run again at once.
 	Released int64
+	// Snoozed runs: given back, uncounted, to run again later (Snooze, or an
+	// OnDead hook that failed).
+	Snoozed int64
+	// Cancelled runs: the handler cancelled its task (Cancel).
+	Cancelled int64
+	// DeadHookFailed: deaths rolled back because the queue's OnDead hook failed
+	// (each also counts as Snoozed).
+	DeadHookFailed int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 }
 
 type counters struct {
 	claimed, succeeded, failed, retried, dead, suppressed, leaseLost, released, inFlight atomic.Int64
+	snoozed, cancelled, deadHookFailed                                                   atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -45,6 +54,7 @@ func (c *counters) snapshot() Stats {
 		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Retried: c.retried.Load(), Dead: c.dead.Load(), Suppressed: c.suppressed.Load(),
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), InFlight: c.inFlight.Load(),
+		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(), DeadHookFailed: c.deadHookFailed.Load(),
 	}
 }
 
@@ -68,7 +78,7 @@ const (
 // (lease_lost and failed are counted from RunEndEvent's other fields).
 func promOutcome(o Outcome) string {
 	switch o {
-	case OutcomeSucceeded, OutcomeRetried, OutcomeDead, OutcomeReleased:
+	case OutcomeSucceeded, OutcomeRetried, OutcomeDead, OutcomeReleased, OutcomeSnoozed, OutcomeCancelled:
 		return string(o)
 	case OutcomeSuppressed:
 		return "suppressed_duplicate"
@@ -81,7 +91,7 @@ func promOutcome(o Outcome) string {
 func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "tasks_total",
-		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released.",
+		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released, snoozed, cancelled.",
 	}, []string{"queue", "outcome"})
 	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "in_flight",

@@ -59,6 +59,11 @@ const (
 	// OutcomeStale: the outbox row changed under the completion; the task was given
 	// back to run later.
 	OutcomeStale Outcome = "stale"
+	// OutcomeSnoozed: the handler returned Snooze (or the queue's OnDead hook
+	// failed): the task runs again later, the run not counted.
+	OutcomeSnoozed Outcome = "snoozed"
+	// OutcomeCancelled: the handler returned Cancel: the task is cancelled.
+	OutcomeCancelled Outcome = "cancelled"
 	// OutcomeError: the bookkeeping failed (a server down); the lease will expire
 	// and the reaper takes the task back.
 	OutcomeError Outcome = "error"

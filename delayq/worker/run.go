@@ -3,6 +3,7 @@ package worker
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -68,11 +69,15 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 func (r *run) execute(ctx context.Context) outcome {
 	w, q, t := r.w, r.q, r.t
 	var (
-		conn *pgxpool.Conn
-		tx   *handlerTx
-		err  error
+		conn  *pgxpool.Conn
+		tx    *handlerTx
+		sqlTx *sql.Tx
+		err   error
 	)
-	if q.tx != nil {
+	switch {
+	case q.sql != nil:
+		sqlTx, err = r.runSQL(ctx)
+	case q.tx != nil:
 		if conn, err = w.pool.Acquire(ctx); err != nil {
 			err = fmt.Errorf("acquire a connection: %w", err)
 		} else {
@@ -80,7 +85,7 @@ func (r *run) execute(ctx context.Context) outcome {
 			err = r.call(ctx, func(ctx context.Context) error { return q.tx(ctx, tx, t) })
 			err = cmp.Or(tx.err, err)
 		}
-	} else {
+	default:
 		err = r.call(ctx, func(ctx context.Context) error { return q.plain(ctx, t) })
 		r.slot()
 	}
@@ -91,9 +96,12 @@ func (r *run) execute(ctx context.Context) outcome {
 	defer cancel()
 	if err == nil {
 		var o outcome
-		if q.plain != nil {
+		switch {
+		case q.plain != nil:
 			o, err = r.completePlain(bctx)
-		} else {
+		case q.sql != nil:
+			o, err = r.completeSQL(bctx, sqlTx)
+		default:
 			o, err = r.complete(bctx, conn, tx)
 		}
 		if err == nil {
@@ -106,6 +114,9 @@ func (r *run) execute(ctx context.Context) outcome {
 	if tx != nil {
 		tx.end(bctx)
 		conn.Release()
+	}
+	if sqlTx != nil {
+		_ = sqlTx.Rollback()
 	}
 	if ctx.Err() != nil { // we cancelled the handler
 		switch cause := context.Cause(ctx); {
@@ -276,31 +287,44 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	return outSuppressed
 }
 
-// fail records a failed run: the attempt and error in Postgres, then a retry
-// after the backoff in Redis, or, out of attempts or told not to retry, dead in
-// Postgres first and then in Redis.
+// fail settles a run that returned an error: a snooze or a cancellation, or a
+// failure: the attempt and error in Postgres, then a retry after the backoff in
+// Redis, or, out of attempts or told not to retry, dead in Postgres first (with
+// the queue's OnDead hook in the same transaction) and then in Redis.
 func (r *run) fail(ctx context.Context, err error) outcome {
-	w, q, t := r.w, r.q, r.t
-	w.stats.failed.Add(1)
-	r.failure = err
+	w, t := r.w, r.t
+	var snooze *SnoozeError
+	var cancel *CancelError
+	steer := errors.As(err, &snooze) || errors.As(err, &cancel)
+	if !steer {
+		w.stats.failed.Add(1)
+		r.failure = err
+	}
 	msg := validate.ErrorSummary(err.Error())
 	if r.lost.Load() {
 		// Another worker may hold the task now: its run decides.
+		if !steer {
+			r.reportError(ctx, Failure{Err: err, LeaseLost: true})
+		}
 		w.log.Warn("worker: task failed after its lease was lost", "queue", t.Queue, "id", t.ID, "err", msg)
 		r.hbOff()
 		return outLeaseLost
 	}
-	var noRetry *NoRetryError
-	var after *RetryAfterError
-	dead := errors.As(err, &noRetry) || t.Attempt >= t.MaxAttempts
-	delay := q.cfg.Backoff.Delay(t.Attempt)
-	if errors.As(err, &after) {
-		delay = max(after.Delay, time.Millisecond)
+	switch {
+	case snooze != nil:
+		return r.snooze(ctx, snooze.Delay, "snoozed")
+	case cancel != nil:
+		return r.cancel(ctx, err)
 	}
+	dead, delay := r.decide(err)
+	r.reportError(ctx, Failure{Err: err, Dead: dead, Delay: delay})
 	w.log.Warn("worker: task failed", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt,
 		"max_attempts", t.MaxAttempts, "dead", dead, "err", msg)
+	if dead && r.q.cfg.OnDead != nil {
+		return r.dieWithHook(ctx, msg, err)
+	}
 
-	key := taskstate.Key{Queue: t.Queue, ID: t.ID, Version: t.Version}
+	key := r.key()
 	applied, perr := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{
 		Key: key, Attempt: t.Attempt, Err: msg, Dead: dead, Delay: delay,
 	})
@@ -314,24 +338,13 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 			return outError
 		}
 	case !applied:
-		st, err := w.store.Row(ctx, w.pool, t.Queue, t.ID)
-		if err != nil {
-			w.log.Error("worker: reading the outbox row failed", "queue", t.Queue, "id", t.ID, "err", err)
-			r.hbOff()
-			return outError
-		}
-		return r.refused(ctx, st) // finished elsewhere, or stale
+		return r.refusedNow(ctx) // finished elsewhere, or stale
 	}
 
-	r.hbOff()
 	if dead {
-		if err := r.leaseErr(w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, msg)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
-			// Postgres says dead; reconcile makes Redis agree (Postgres wins).
-			w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
-		}
-		w.stats.dead.Add(1)
-		return outDead
+		return r.killed(ctx, msg)
 	}
+	r.hbOff()
 	redisDead, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, delay, msg)
 	if err := r.leaseErr(err); err != nil {
 		if !errors.Is(err, delayq.ErrLeaseLost) {

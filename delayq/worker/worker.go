@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -9,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
@@ -59,7 +59,7 @@ type Handler func(ctx context.Context, t *Task) error
 // Worker claims tasks of the queues it has handlers for and runs them. Create it
 // with New, register handlers with Handle and HandleTx, then call Run.
 type Worker struct {
-	pool *pgxpool.Pool
+	pool DB
 	dq   *delayq.Client
 	ob   *outbox.Client
 	cfg  Config
@@ -100,23 +100,24 @@ const (
 	outLeaseLost  = outcome(OutcomeLeaseLost)
 	outReleased   = outcome(OutcomeReleased)
 	outStale      = outcome(OutcomeStale)
+	outSnoozed    = outcome(OutcomeSnoozed)
+	outCancelled  = outcome(OutcomeCancelled)
 	outError      = outcome(OutcomeError) // bookkeeping failed; the lease will expire
 )
 
 type queue struct {
-	name  string
-	cfg   QueueConfig
-	tx    TxHandler
-	plain Handler
+	name string
+	cfg  QueueConfig
+	handlers
 	// mws is the run's middleware: the worker's Recover, Config.Middleware,
 	// QueueConfig.Middleware.
 	mws []Middleware
 }
 
 // New returns a Worker that runs tasks from Redis (dq), records their completion
-// in the outbox (ob) on pool, and configures itself from cfg (completed with
-// WithDefaults and validated).
-func New(pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, error) {
+// in the outbox (ob) on pool (a *pgxpool.Pool, or anything that is a DB), and
+// configures itself from cfg (completed with WithDefaults and validated).
+func New(pool DB, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, error) {
 	if pool == nil || dq == nil || ob == nil {
 		return nil, fmt.Errorf("%w: nil pool, delayq client or outbox client", ErrInvalidConfig)
 	}
@@ -156,7 +157,7 @@ func (w *Worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
-	return w.register(queue, cfg, h, nil)
+	return w.register(queue, cfg, handlers{tx: h})
 }
 
 // Handle registers a plain (at-least-once) handler for queue, with its
@@ -165,10 +166,18 @@ func (w *Worker) Handle(queue string, h Handler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
-	return w.register(queue, cfg, nil, h)
+	return w.register(queue, cfg, handlers{plain: h})
 }
 
-func (w *Worker) register(name string, cfg QueueConfig, tx TxHandler, plain Handler) error {
+// handlers is a queue's handler: one of them is set.
+type handlers struct {
+	tx    TxHandler
+	plain Handler
+	sql   SQLTxHandler
+	sqlDB *sql.DB // sql's
+}
+
+func (w *Worker) register(name string, cfg QueueConfig, h handlers) error {
 	if err := validate.Queue(name); err != nil {
 		return err
 	}
@@ -185,7 +194,7 @@ func (w *Worker) register(name string, cfg QueueConfig, tx TxHandler, plain Hand
 		return fmt.Errorf("%w: queue %q already has a handler", ErrInvalidConfig, name)
 	}
 	mws := append([]Middleware{Recover(w.log)}, w.cfg.Middleware...)
-	w.queues[name] = &queue{name: name, cfg: cfg, tx: tx, plain: plain, mws: append(mws, cfg.Middleware...)}
+	w.queues[name] = &queue{name: name, cfg: cfg, handlers: h, mws: append(mws, cfg.Middleware...)}
 	return nil
 }
 

@@ -37,9 +37,9 @@ type Statements struct {
 	// found nothing. Rows does the same for many ids of one queue.
 	Row, Rows string
 
-	// Worker: the completion guard in its three forms, the failure record, and the
-	// payload clearing of a done row.
-	Guard, GuardAbort, GuardMany, RecordFailure string
+	// Worker: the completion guard in its three forms, the failure record, a
+	// snoozed run's next run time, and a run's cancellation.
+	Guard, GuardAbort, GuardMany, RecordFailure, Snooze, CancelRun string
 
 	// Relay: the round (TakeDue), poison rows (MarkInvalid), the next due time,
 	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
@@ -244,6 +244,20 @@ SET attempt = $4, last_error = $5,
     done_at = CASE WHEN $6::boolean THEN statement_timestamp() ELSE done_at END,
     run_at = CASE WHEN $6::boolean THEN run_at ELSE statement_timestamp() + $7::bigint * interval '1 microsecond' END
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
+
+		// $1 queue, $2 task_id, $3 version, $4 the delay before the next run in µs:
+		// a run that asked to run again later (or whose dead hook failed). The
+		// attempt is not counted; the run time is kept for a Redis rebuilt from
+		// Postgres.
+		Snooze: fmt.Sprintf(`UPDATE %s
+SET run_at = statement_timestamp() + $4::bigint * interval '1 microsecond'
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
+
+		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 reason: a run that
+		// cancelled its task (its effect rolled back).
+		CancelRun: fmt.Sprintf(`UPDATE %s
+SET state = 'cancelled', done_at = statement_timestamp(), attempt = $4, last_error = $5, payload = %s
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table, clear),
 
 		TakeDue:       fmt.Sprintf(takeDue, table, ""),
 		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),

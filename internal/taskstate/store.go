@@ -2,6 +2,7 @@ package taskstate
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -224,4 +225,55 @@ func checkKey(k Key) error {
 		return fmt.Errorf("%w: version %d outside 1..%d", ErrInvalidArgument, k.Version, validate.MaxVersion)
 	}
 	return nil
+}
+
+// Snooze sets the next run time of k to delay from now, without counting the run,
+// if k is still pending or queued at its version; it reports whether it did.
+func (s *Store) Snooze(ctx context.Context, q Querier, k Key, delay time.Duration) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	tag, err := q.Exec(ctx, s.SQL.Snooze, k.Queue, k.ID, int32(k.Version), max(delay, 0).Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("snooze %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// CancelRun marks k cancelled by its run number attempt, with reason, if it is
+// still pending or queued at its version; it reports whether it did.
+func (s *Store) CancelRun(ctx context.Context, q Querier, k Key, attempt int, reason string) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	if attempt < 0 || attempt > validate.MaxAttempts {
+		return false, fmt.Errorf("%w: cancel %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, k.Queue, k.ID, attempt, validate.MaxAttempts)
+	}
+	tag, err := q.Exec(ctx, s.SQL.CancelRun, k.Queue, k.ID, int32(k.Version), int32(attempt), validate.ErrorSummary(reason))
+	if err != nil {
+		return false, fmt.Errorf("cancel %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// SQLExecer runs a statement on database/sql: *sql.Tx, *sql.DB and *sql.Conn
+// satisfy it.
+type SQLExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// MarkDoneSQL is MarkDone on database/sql, for a handler's *sql.Tx.
+func (s *Store) MarkDoneSQL(ctx context.Context, q SQLExecer, k Key, clearPayload bool) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	res, err := q.ExecContext(ctx, s.SQL.Guard, k.Queue, k.ID, int32(k.Version), clearPayload)
+	if err != nil {
+		return false, fmt.Errorf("mark done %s/%s: %w", k.Queue, k.ID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("mark done %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return n == 1, nil
 }

@@ -1,0 +1,234 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
+)
+
+// SnoozeError is returned by Snooze.
+type SnoozeError struct{ Delay time.Duration }
+
+// Snooze returns an error that makes the worker run the task again after d (0:
+// at once) without counting this run as an attempt: the handler is not ready to
+// do the work yet (a resource it waits for, a rate limit). A transactional
+// handler's writes are rolled back. A task that snoozes for ever never dies.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: max(d, 0)} }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
+
+// CancelError is returned by Cancel.
+type CancelError struct{ Err error }
+
+// Cancel returns an error that finishes the task without effect: it is recorded
+// as cancelled in the outbox, err as its last error (may be nil), and never runs
+// again. A transactional handler's writes are rolled back; a plain handler's
+// effects outside Postgres are its own. Use it when the work has become
+// pointless (the order was deleted, say); a failure that should wait for a
+// person is NoRetry.
+func Cancel(err error) error { return &CancelError{Err: err} }
+
+func (e *CancelError) Error() string {
+	if e.Err == nil {
+		return "cancelled"
+	}
+	return e.Err.Error()
+}
+
+func (e *CancelError) Unwrap() error { return e.Err }
+
+// RetryPolicy decides, after the failed run number attempt (1 for the first),
+// whether the task runs again and after how long (at least 1ms): retry false
+// makes it dead. It is not asked when the handler said RetryAfter or NoRetry, nor
+// after the last attempt (the task is dead anyway).
+type RetryPolicy func(attempt int, err error) (delay time.Duration, retry bool)
+
+// Failure is what the worker does about a failed run, as an ErrorHandler sees it.
+type Failure struct {
+	// Err is the run's error (a *PanicError for a panic).
+	Err error
+	// Dead: the task is about to be dead (unless its OnDead hook fails). Else it
+	// runs again after Delay.
+	Dead  bool
+	Delay time.Duration
+	// LeaseLost: the worker had lost the task's lease; another run decides what
+	// happens to it, so Dead and Delay are zero.
+	LeaseLost bool
+}
+
+// ErrorHandler is called for every failed run (not for Snooze or Cancel), before
+// the failure is recorded: report it, count it. It cannot change the outcome; a
+// panic in it is recovered and logged.
+type ErrorHandler func(ctx context.Context, t *Task, f Failure)
+
+// DeadHook runs in the Postgres transaction that records the task's death, with
+// the error that killed it: its writes commit with the death, or neither does.
+// Mark the order payment_failed there and it happens exactly once, with the death.
+// When the hook returns an error or panics, nothing of the death commits: the
+// task stays live, the run is not counted, and it runs again after the queue's
+// backoff; it becomes dead only together with a hook that succeeded. Deaths the
+// relay records (a worker that crashed or lost its lease on the task's last
+// attempt, a task Redis refuses) do not run the hook; they are in the dead
+// letters (delayq dead list).
+type DeadHook func(ctx context.Context, tx pgx.Tx, t *Task, err error) error
+
+// reportError calls the worker's ErrorHandler, if any.
+func (r *run) reportError(ctx context.Context, f Failure) {
+	h := r.w.cfg.OnError
+	if h == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			r.w.log.Error("worker: error handler panicked", "queue", r.t.Queue, "id", r.t.ID, "panic", fmt.Sprint(v))
+		}
+	}()
+	h(ctx, r.t, f)
+}
+
+// decide returns whether a failed run makes the task dead, and else the delay
+// before the next run.
+func (r *run) decide(err error) (dead bool, delay time.Duration) {
+	q, t := r.q, r.t
+	var noRetry *NoRetryError
+	var after *RetryAfterError
+	switch {
+	case errors.As(err, &noRetry) || t.Attempt >= t.MaxAttempts:
+		return true, 0
+	case errors.As(err, &after):
+		return false, max(after.Delay, time.Millisecond)
+	case q.cfg.Retry != nil:
+		d, ok := q.cfg.Retry(t.Attempt, err)
+		return !ok, max(d, time.Millisecond)
+	}
+	return false, q.cfg.Backoff.Delay(t.Attempt)
+}
+
+func (r *run) key() taskstate.Key {
+	return taskstate.Key{Queue: r.t.Queue, ID: r.t.ID, Version: r.t.Version}
+}
+
+// snooze gives the task back to run after d without counting the run: the next
+// run time in Postgres first, then Redis.
+func (r *run) snooze(ctx context.Context, d time.Duration, why string) outcome {
+	w, t := r.w, r.t
+	applied, err := w.store.Snooze(ctx, w.pool, r.key(), d)
+	switch {
+	case err != nil:
+		// Postgres keeps the older run time: only a Redis rebuilt from it would
+		// run the task sooner.
+		w.log.Warn("worker: recording a snooze in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
+	case !applied:
+		return r.refusedNow(ctx)
+	}
+	r.hbOff()
+	if err := r.leaseErr(w.dq.ReleaseAfter(ctx, t.Queue, t.ID, r.ct.Token, d)); err != nil {
+		if !errors.Is(err, delayq.ErrLeaseLost) {
+			w.log.Warn("worker: giving the task back failed; it runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
+			return outError
+		}
+		return outLeaseLost
+	}
+	w.log.Debug("worker: run given back", "queue", t.Queue, "id", t.ID, "after", d, "why", why)
+	w.stats.snoozed.Add(1)
+	return outSnoozed
+}
+
+// cancel records the task cancelled by its run, then completes it in Redis.
+func (r *run) cancel(ctx context.Context, reason error) outcome {
+	w, t := r.w, r.t
+	msg := validate.ErrorSummary(reason.Error())
+	applied, err := w.store.CancelRun(ctx, w.pool, r.key(), t.Attempt, msg)
+	switch {
+	case err != nil:
+		w.log.Error("worker: recording a cancellation in the outbox failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
+		r.hbOff()
+		return outError
+	case !applied:
+		return r.refusedNow(ctx)
+	}
+	r.hbOff()
+	if err := r.leaseErr(w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+		// Cancelled in Postgres: a redelivery is suppressed by the guard.
+		w.log.Warn("worker: ack of a cancelled run failed", "queue", t.Queue, "id", t.ID, "err", err)
+	}
+	w.log.Info("worker: task cancelled by its handler", "queue", t.Queue, "id", t.ID, "reason", msg)
+	w.stats.cancelled.Add(1)
+	return outCancelled
+}
+
+// refusedNow settles a run whose guarded update matched nothing, by the row now.
+func (r *run) refusedNow(ctx context.Context) outcome {
+	st, err := r.w.store.Row(ctx, r.w.pool, r.t.Queue, r.t.ID)
+	if err != nil {
+		r.w.log.Error("worker: reading the outbox row failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+		r.hbOff()
+		return outError
+	}
+	return r.refused(ctx, st)
+}
+
+// dieWithHook records the task's death and runs the queue's OnDead hook in one
+// transaction. When anything of it fails, the death is not recorded and the run
+// is given back, uncounted, to fail again after the backoff.
+func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome {
+	w, q, t := r.w, r.q, r.t
+	applied, err := r.deathTx(ctx, msg, cause)
+	switch {
+	case err != nil:
+		w.log.Error("worker: the dead hook failed; the death is rolled back and the task runs again",
+			"queue", t.Queue, "id", t.ID, "attempt", t.Attempt, "err", err)
+		w.stats.deadHookFailed.Add(1)
+		return r.snooze(ctx, q.cfg.Backoff.Delay(t.Attempt), "dead hook failed")
+	case !applied:
+		return r.refusedNow(ctx)
+	}
+	return r.killed(ctx, msg)
+}
+
+// deathTx is dieWithHook's transaction: the death and the hook. It returns
+// whether the death committed; false without an error: the row was finished or
+// changed already.
+func (r *run) deathTx(ctx context.Context, msg string, cause error) (bool, error) {
+	w, t := r.w, r.t
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	applied, err := w.store.RecordFailure(ctx, tx, taskstate.Failure{Key: r.key(), Attempt: t.Attempt, Err: msg, Dead: true})
+	if err != nil || !applied {
+		return false, err
+	}
+	hook := func(ctx context.Context) error { return r.q.cfg.OnDead(ctx, tx, t, cause) }
+	if err := Recover(w.log)(ctx, t, hook); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The commit may have happened all the same: the row says.
+		st, rerr := w.store.Row(ctx, w.pool, t.Queue, t.ID)
+		if rerr != nil || st.State != taskstate.Dead || st.Version != t.Version {
+			return false, fmt.Errorf("commit: %w", err)
+		}
+	}
+	return true, nil
+}
+
+// killed mirrors a death Postgres committed into Redis.
+func (r *run) killed(ctx context.Context, msg string) outcome {
+	w, t := r.w, r.t
+	r.hbOff()
+	if err := r.leaseErr(w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, msg)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+		// Postgres says dead; reconcile makes Redis agree (Postgres wins).
+		w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
+	}
+	w.stats.dead.Add(1)
+	return outDead
+}
