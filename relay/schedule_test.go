@@ -10,15 +10,32 @@ import (
 
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 	"github.com/delayq/delayq/schedule"
 )
 
+// ticksAndState reads the ticks of schedule name in the outbox (tickRows) and the
+// schedule's state (scheduleRow) in one snapshot: the relays go on ticking, and a
+// tick's row and the state's count are committed together, so the two agree only
+// when read together.
+func (b testBundle) ticksAndState(t *testing.T, queue, name string) (ticks []time.Time, late []time.Duration, enqueued, missed int64) {
+	t.Helper()
+	tx, err := b.pool.BeginTx(ctxT(t), pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctxT(t)) //nolint:errcheck // read only
+	ticks, late = tickRows(t, tx, queue, name)
+	_, enqueued, missed = scheduleRow(t, tx, name)
+	return ticks, late, enqueued, missed
+}
+
 // tickRows returns the tick times of schedule name in the outbox, in order, with
 // how late each was enqueued (created_at - run_at, on the database clock).
-func (b testBundle) tickRows(t *testing.T, queue, name string) (ticks []time.Time, late []time.Duration) {
+func tickRows(t *testing.T, db outbox.Querier, queue, name string) (ticks []time.Time, late []time.Duration) {
 	t.Helper()
-	rows, err := b.pool.Query(ctxT(t), `SELECT task_id, extract(epoch FROM created_at - run_at)::float8
+	rows, err := db.Query(ctxT(t), `SELECT task_id, extract(epoch FROM created_at - run_at)::float8
 FROM delayq_outbox WHERE queue = $1 AND task_id LIKE $2 ORDER BY task_id`, queue, name+"@%")
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +67,12 @@ FROM delayq_outbox WHERE queue = $1 AND task_id LIKE $2 ORDER BY task_id`, queue
 // scheduleRow reads the state of schedule name.
 func (b testBundle) scheduleRow(t *testing.T, name string) (last time.Time, enqueued, missed int64) {
 	t.Helper()
-	err := b.pool.QueryRow(ctxT(t), `SELECT last_tick, enqueued, missed FROM delayq_schedules WHERE name = $1`, name).
+	return scheduleRow(t, b.pool, name)
+}
+
+func scheduleRow(t *testing.T, db outbox.Querier, name string) (last time.Time, enqueued, missed int64) {
+	t.Helper()
+	err := db.QueryRow(ctxT(t), `SELECT last_tick, enqueued, missed FROM delayq_schedules WHERE name = $1`, name).
 		Scan(&last, &enqueued, &missed)
 	if err != nil && err != pgx.ErrNoRows {
 		t.Fatal(err)
@@ -117,7 +139,7 @@ func TestScheduleThreeRelaysExactlyOnce(t *testing.T) {
 		return c >= n+40, fmt.Sprintf("%d ticks ran, want %d", c, n+40)
 	})
 
-	ticks, late := b.tickRows(t, "ticks", "tick")
+	ticks, late, enq, missed := b.ticksAndState(t, "ticks", "tick")
 	for i := 1; i < len(ticks); i++ {
 		if d := ticks[i].Sub(ticks[i-1]); d != every {
 			t.Fatalf("ticks %d and %d: %v and %v, %v apart, want %v", i-1, i, ticks[i-1], ticks[i], d, every)
@@ -143,7 +165,6 @@ func TestScheduleThreeRelaysExactlyOnce(t *testing.T) {
 	if twice != 0 || once != due || once < n+40 {
 		t.Fatalf("%d ticks done, %d ran once, %d more than once; want every done tick once, at least %d", due, once, twice, n+40)
 	}
-	_, enq, missed := b.scheduleRow(t, "tick")
 	if int(enq) != len(ticks) || missed != 0 {
 		t.Fatalf("schedule state: %d enqueued, %d missed; the outbox has %d ticks, none may be missed", enq, missed, len(ticks))
 	}
@@ -192,8 +213,7 @@ func TestScheduleMissedTicks(t *testing.T) {
 				return enq >= enqBefore+int64(pol.catchUp)+5, fmt.Sprintf("%d ticks enqueued", enq)
 			})
 
-			ticks, late := b.tickRows(t, "jobs", "job")
-			_, enq, missed := b.scheduleRow(t, "job")
+			ticks, late, enq, missed := b.ticksAndState(t, "jobs", "job")
 			if int(enq) != len(ticks) {
 				t.Fatalf("%d ticks counted enqueued, %d in the outbox", enq, len(ticks))
 			}
