@@ -35,8 +35,9 @@ type run struct {
 }
 
 // run executes a claimed task and does its bookkeeping. hard is cancelled when the
-// shutdown timeout has passed.
-func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) {
+// shutdown timeout has passed. It returns the task, how the run ended, and its
+// failure (nil unless it failed).
+func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
 	maxAttempts := ct.MaxAttempts
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
 		maxAttempts = q.cfg.MaxAttempts
@@ -63,6 +64,7 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 	if f := w.hooks.finished; f != nil {
 		f(r.t, o)
 	}
+	return r.t, o, r.failure
 }
 
 // execute runs the handler and settles the task; it returns the outcome.

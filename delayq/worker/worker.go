@@ -241,12 +241,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer hardCancel(nil)
 
 	// Both stages close after every run has returned.
-	w.completions, w.acks = make(chan *completion), make(chan *ackRequest)
-	recorded, acked := make(chan struct{}), make(chan struct{})
-	go func() { batches(w.completions, w.recordBatch); close(recorded) }()
-	go func() { batches(w.acks, w.ackBatch); close(acked) }()
-	defer func() { close(w.acks); <-acked }()
-	defer func() { close(w.completions); <-recorded }()
+	defer w.startStages()()
 
 	var loops sync.WaitGroup
 	runs := newRunners(runnerIdle)
@@ -275,6 +270,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-done
 	w.log.Info("worker: stopped")
 	return nil
+}
+
+// startStages starts the batch recorder and acknowledger (completer.go) and
+// returns the function that stops them, once no run is left.
+func (w *Worker) startStages() (stop func()) {
+	w.completions, w.acks = make(chan *completion), make(chan *ackRequest)
+	recorded, acked := make(chan struct{}), make(chan struct{})
+	go func() { batches(w.completions, w.recordBatch); close(recorded) }()
+	go func() { batches(w.acks, w.ackBatch); close(acked) }()
+	return func() {
+		close(w.completions)
+		<-recorded
+		close(w.acks)
+		<-acked
+	}
 }
 
 // claimLoop claims the tasks of q while ctx lasts and starts a run for each.

@@ -60,6 +60,9 @@ type Statements struct {
 
 	// Operator: a dead task retried with an edited payload (the dashboard).
 	RetryDeadEdited string
+
+	// Tests (package delayqtest): the rows of a queue, or of one id.
+	Find string
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
@@ -374,6 +377,12 @@ LIMIT $3`, table),
 		Lock: fmt.Sprintf(`SELECT %s FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])
 ORDER BY task_id
 FOR UPDATE SKIP LOCKED`, RowColumns, table),
+
+		// $1 queue, $2 task id ('': every task of the queue), $3 limit.
+		Find: fmt.Sprintf(`SELECT task_id, state, version, attempt, max_attempts, run_at, payload FROM %s
+WHERE queue = $1 AND ($2 = '' OR task_id = $2)
+ORDER BY task_id
+LIMIT $3`, table),
 
 		// $1 queues (empty: all), $2 limit. Newest deaths first.
 		ListDead: fmt.Sprintf(`SELECT queue, task_id, attempt, max_attempts, coalesce(last_error, ''), done_at, version

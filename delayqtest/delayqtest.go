@@ -1,0 +1,392 @@
+// Package delayqtest helps applications test their delayq code against real
+// servers, as rivertest does for River:
+//
+//   - New gives a test a migrated database and a Redis key prefix of its own on
+//     the servers named by DELAYQ_TEST_POSTGRES_URL and DELAYQ_TEST_REDIS_URL
+//     (or Options), dropped when the test ends;
+//   - RequireEnqueued and RequireNotEnqueued assert what a transaction enqueued
+//     (queue, id, payload, due time), on pgx or database/sql;
+//   - Env.Work runs one enqueued task's handler synchronously through a real
+//     worker: middleware, the completion guard and commit, hooks, the Redis ack.
+//
+// It imports no test servers and no Docker client: it uses the servers the
+// application's tests already have.
+package delayqtest
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/migrations"
+	"github.com/delayq/delayq/outbox"
+)
+
+// The environment variables New reads when Options leaves a URL empty.
+const (
+	EnvPostgresURL = "DELAYQ_TEST_POSTGRES_URL"
+	EnvRedisURL    = "DELAYQ_TEST_REDIS_URL"
+)
+
+// Options name the servers. The zero value reads the environment.
+type Options struct {
+	// PostgresURL is a server the test may create databases on (the database in
+	// the URL is only connected to). Default: $DELAYQ_TEST_POSTGRES_URL.
+	PostgresURL string
+	// RedisURL is a Redis the test may write keys under a prefix of its own to.
+	// Default: $DELAYQ_TEST_REDIS_URL.
+	RedisURL string
+	// Skip, when set, skips the test when a URL is missing; by default it fails.
+	Skip bool
+}
+
+// Env is one test's database and Redis prefix, with clients on them. Everything
+// is closed, dropped or deleted when the test ends.
+type Env struct {
+	// URL is the test's own database, migrated (migrations.Up).
+	URL    string
+	Pool   *pgxpool.Pool
+	Redis  *redis.Client
+	Prefix string
+	// DelayQ is a client on Redis with Prefix; Outbox an outbox client with the
+	// default configuration.
+	DelayQ *delayq.Client
+	Outbox *outbox.Client
+}
+
+// New creates the test's database and Redis prefix.
+func New(t testing.TB, o Options) *Env {
+	t.Helper()
+	pgURL, redisURL := cmp.Or(o.PostgresURL, os.Getenv(EnvPostgresURL)), cmp.Or(o.RedisURL, os.Getenv(EnvRedisURL))
+	if pgURL == "" || redisURL == "" {
+		msg := fmt.Sprintf("delayqtest: set %s and %s (or Options) to servers tests may use", EnvPostgresURL, EnvRedisURL)
+		if o.Skip {
+			t.Skip(msg)
+		}
+		t.Fatal(msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := "delayqtest_" + randomHex(t, 8)
+	e := &Env{Prefix: "dqt:" + name[len("delayqtest_"):]}
+
+	admin, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		t.Fatalf("delayqtest: connect to postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("delayqtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, err := pgx.Connect(ctx, pgURL)
+		if err != nil {
+			t.Logf("delayqtest: drop database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("delayqtest: drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(pgURL)
+	if err != nil {
+		t.Fatalf("delayqtest: postgres URL: %v", err)
+	}
+	u.Path = "/" + name
+	e.URL = u.String()
+	db, err := migrations.OpenDB(e.URL)
+	if err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	_, err = migrations.Up(ctx, db, migrations.Config{})
+	db.Close()
+	if err != nil {
+		t.Fatalf("delayqtest: migrate: %v", err)
+	}
+	if e.Pool, err = pgxpool.New(ctx, e.URL); err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	t.Cleanup(e.Pool.Close) // before the drop: cleanups run last first
+
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatalf("delayqtest: redis URL: %v", err)
+	}
+	e.Redis = redis.NewClient(opt)
+	t.Cleanup(func() { deletePrefix(e.Redis, e.Prefix); _ = e.Redis.Close() })
+	if e.DelayQ, err = delayq.New(e.Redis, delayq.Config{Prefix: e.Prefix}); err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	if e.Outbox, err = outbox.New(outbox.Config{}); err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	return e
+}
+
+// Worker returns a worker on the test's servers with cfg.
+func (e *Env) Worker(t testing.TB, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(e.Pool, e.DelayQ, e.Outbox, cfg)
+	if err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	return w
+}
+
+// Work runs the task queue/id, committed in the outbox, through w, now and
+// synchronously, whatever its due time: it puts the task into Redis as the relay
+// would (due at once) and calls w.Work, so the run goes through w's middleware,
+// the handler, the completion guard and commit, the hooks and the Redis ack. It
+// fails the test when the task is not in the outbox, is finished, or another task
+// ran. The result says how the run ended.
+func (e *Env) Work(ctx context.Context, t testing.TB, w *worker.Worker, queue, id string) worker.WorkResult {
+	t.Helper()
+	rows := find(ctx, t, e.Pool, Want{Queue: queue, ID: id})
+	if len(rows) == 0 {
+		t.Fatalf("delayqtest: no task %s/%s in the outbox (was its transaction committed?)", queue, id)
+	}
+	r := rows[0]
+	if r.State != "pending" && r.State != "queued" {
+		t.Fatalf("delayqtest: task %s/%s is %s", queue, id, r.State)
+	}
+	// Due at the earliest time Redis takes: ahead of every other task of the queue.
+	if _, err := e.DelayQ.Enqueue(ctx, queue, delayq.Task{ID: id, Payload: r.Payload, RunAt: time.Unix(1, 0),
+		MaxAttempts: r.MaxAttempts, Attempt: r.Attempt, Version: r.Version}); err != nil {
+		t.Fatalf("delayqtest: put %s/%s into redis: %v", queue, id, err)
+	}
+	res, err := w.Work(ctx, queue)
+	if err != nil {
+		t.Fatalf("delayqtest: work %s/%s: %v", queue, id, err)
+	}
+	if res.Task == nil || res.Task.ID != id {
+		t.Fatalf("delayqtest: work %s/%s: ran %+v", queue, id, res.Task)
+	}
+	return res
+}
+
+// Want is what RequireEnqueued looks for.
+type Want struct {
+	// Queue is the task's queue (required).
+	Queue string
+	// ID is the task's id; "" matches any task of the queue.
+	ID string
+	// Payload checks the payload; nil matches any. See Equal and Match.
+	Payload func(payload []byte) error
+	// RunAt is when the task is due; zero matches any. Within is the tolerance
+	// (default 1s).
+	RunAt  time.Time
+	Within time.Duration
+}
+
+// Enqueued is an outbox row a Require function found.
+type Enqueued struct {
+	Queue, ID   string
+	State       string
+	Version     int
+	Attempt     int
+	MaxAttempts int
+	RunAt       time.Time
+	Payload     []byte
+}
+
+// Querier runs SQL on pgx: pgx.Tx, *pgxpool.Pool, *pgx.Conn (outbox.Querier).
+type Querier = outbox.Querier
+
+// RequireEnqueued fails the test unless db (the transaction under test, before
+// or after its commit) sees a task matching want, and returns the first match.
+func RequireEnqueued(ctx context.Context, t testing.TB, db Querier, want Want) Enqueued {
+	t.Helper()
+	return requireEnqueued(t, want, find(ctx, t, db, want))
+}
+
+// RequireNotEnqueued fails the test if db sees a task matching want.
+func RequireNotEnqueued(ctx context.Context, t testing.TB, db Querier, want Want) {
+	t.Helper()
+	requireNotEnqueued(t, want, find(ctx, t, db, want))
+}
+
+// RequireEnqueuedSQL is RequireEnqueued in a database/sql transaction.
+func RequireEnqueuedSQL(ctx context.Context, t testing.TB, tx outbox.SQLQuerier, want Want) Enqueued {
+	t.Helper()
+	return requireEnqueued(t, want, findSQL(ctx, t, tx, want))
+}
+
+// RequireNotEnqueuedSQL is RequireNotEnqueued in a database/sql transaction.
+func RequireNotEnqueuedSQL(ctx context.Context, t testing.TB, tx outbox.SQLQuerier, want Want) {
+	t.Helper()
+	requireNotEnqueued(t, want, findSQL(ctx, t, tx, want))
+}
+
+// Equal returns a payload check: the payload decodes (with q's codec) to a value
+// deeply equal to want.
+func Equal[T any](q outbox.Queue[T], want T) func([]byte) error {
+	return Match(q, func(got T) error {
+		if !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("payload %+v, want %+v", got, want)
+		}
+		return nil
+	})
+}
+
+// Match returns a payload check: the payload decodes (with q's codec) to a value
+// check accepts.
+func Match[T any](q outbox.Queue[T], check func(T) error) func([]byte) error {
+	return func(p []byte) error {
+		v, err := q.Decode(p)
+		if err != nil {
+			return err
+		}
+		return check(v)
+	}
+}
+
+// maxRows bounds a search: a test's queue holds few tasks.
+const maxRows = 10000
+
+var statements = taskstate.NewStatements(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel})
+
+func find(ctx context.Context, t testing.TB, db Querier, want Want) []Enqueued {
+	t.Helper()
+	checkWant(t, want)
+	rows, err := db.Query(ctx, statements.Find, want.Queue, want.ID, maxRows)
+	if err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	defer rows.Close()
+	var out []Enqueued
+	for rows.Next() {
+		e := Enqueued{Queue: want.Queue}
+		if err := rows.Scan(&e.ID, &e.State, &e.Version, &e.Attempt, &e.MaxAttempts, &e.RunAt, &e.Payload); err != nil {
+			t.Fatalf("delayqtest: read the outbox: %v", err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	return out
+}
+
+func findSQL(ctx context.Context, t testing.TB, tx outbox.SQLQuerier, want Want) []Enqueued {
+	t.Helper()
+	checkWant(t, want)
+	rows, err := tx.QueryContext(ctx, statements.Find, want.Queue, want.ID, maxRows)
+	if err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	defer rows.Close()
+	var out []Enqueued
+	for rows.Next() {
+		e := Enqueued{Queue: want.Queue}
+		if err := rows.Scan(&e.ID, &e.State, &e.Version, &e.Attempt, &e.MaxAttempts, &e.RunAt, &e.Payload); err != nil {
+			t.Fatalf("delayqtest: read the outbox: %v", err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	return out
+}
+
+func checkWant(t testing.TB, want Want) {
+	t.Helper()
+	if want.Queue == "" {
+		t.Fatal("delayqtest: Want.Queue is required")
+	}
+}
+
+// mismatch says why e does not match want; "" when it does.
+func mismatch(want Want, e Enqueued) string {
+	if want.Payload != nil {
+		if err := want.Payload(e.Payload); err != nil {
+			return fmt.Sprintf("%s/%s: %v", e.Queue, e.ID, err)
+		}
+	}
+	if !want.RunAt.IsZero() {
+		within := want.Within
+		if within == 0 {
+			within = time.Second
+		}
+		if d := e.RunAt.Sub(want.RunAt); d > within || d < -within {
+			return fmt.Sprintf("%s/%s: due %v, want %v (±%v)", e.Queue, e.ID, e.RunAt, want.RunAt, within)
+		}
+	}
+	return ""
+}
+
+func requireEnqueued(t testing.TB, want Want, rows []Enqueued) Enqueued {
+	t.Helper()
+	var why []error
+	for _, e := range rows {
+		m := mismatch(want, e)
+		if m == "" {
+			return e
+		}
+		why = append(why, errors.New(m))
+	}
+	if len(rows) == 0 {
+		t.Fatalf("delayqtest: no task enqueued into %q%s", want.Queue, idSuffix(want.ID))
+	}
+	t.Fatalf("delayqtest: no task of %q%s matches:\n%v", want.Queue, idSuffix(want.ID), errors.Join(why...))
+	return Enqueued{}
+}
+
+func requireNotEnqueued(t testing.TB, want Want, rows []Enqueued) {
+	t.Helper()
+	for _, e := range rows {
+		if mismatch(want, e) == "" {
+			t.Fatalf("delayqtest: task %s/%s is enqueued (%s), want none", e.Queue, e.ID, e.State)
+		}
+	}
+}
+
+func idSuffix(id string) string {
+	if id == "" {
+		return ""
+	}
+	return " with id " + id
+}
+
+func randomHex(t testing.TB, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatalf("delayqtest: %v", err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// deletePrefix deletes the test's Redis keys.
+func deletePrefix(rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			rdb.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		rdb.Unlink(ctx, batch...)
+	}
+}
