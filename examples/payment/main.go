@@ -1,7 +1,8 @@
 // Command payment is the seed's scenario as a program you can copy from: an order
-// transaction enqueues "charge order-N later" in the same transaction, and a worker
-// charges it with a transactional handler that writes one ledger row, so the charge
-// is applied exactly once however often the task is delivered.
+// transaction enqueues "charge order-N later", and a worker charges it with a typed
+// transactional handler that writes one ledger row: exactly once, however often the
+// task is delivered. A charge that fails for good marks its order payment_failed
+// in the transaction that records the task's death.
 //
 //	payment enqueue --count 100 --delay 5s    # orders and their tasks, in one transaction each
 //	delayq relay                              # the sidecar: outbox -> Redis (or run it in-process)
@@ -10,6 +11,7 @@
 //
 // DATABASE_URL and REDIS_URL come from the environment. Kill and restart any of
 // these processes as you like: the ledger never gets a second row for one order.
+// main_test.go tests it with package delayqtest.
 package main
 
 import (
@@ -33,7 +35,10 @@ import (
 	"github.com/delayq/delayq/outbox"
 )
 
-const queue = "payment"
+// Charge is the payload of the queue charges, shared by producer and worker.
+type Charge struct{ AmountCents int }
+
+var charges = outbox.Queue[Charge]{Name: "payment"}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -90,47 +95,49 @@ func setup(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	_, err := pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, amount_cents int NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+		CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, amount_cents int NOT NULL, status text NOT NULL DEFAULT 'new');
 		CREATE TABLE IF NOT EXISTS payment_ledger (order_id text NOT NULL, amount_cents int NOT NULL, charged_at timestamptz NOT NULL DEFAULT now())`)
 	return err
 }
 
-// enqueue creates orders; each order and its charge task commit together. It then
-// enqueues every task a second time, as a retried HTTP request would, to show the
-// duplicates refused.
+// placeOrder writes an order and its charge in tx; a second call is a duplicate.
+func placeOrder(ctx context.Context, ob *outbox.Client, tx pgx.Tx, id string, cents int, delay time.Duration) (duplicate bool, err error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount_cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, id, cents); err != nil {
+		return false, err
+	}
+	res, err := charges.Enqueue(ctx, ob, tx, outbox.Task{ID: id, Delay: delay}, Charge{AmountCents: cents})
+	return res.Duplicate, err
+}
+
+// enqueue places orders, each twice as a retried HTTP request would.
 func enqueue(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, start, count int, delay time.Duration) error {
-	added, dups := 0, 0
-	for i := start; i < start+count; i++ {
-		id := fmt.Sprintf("order-%d", i)
-		payload, err := outbox.JSON(map[string]any{"order_id": id, "amount_cents": 1000 + i%100})
-		if err != nil {
+	n := map[bool]int{}
+	for i := start * 2; i < (start+count)*2; i++ {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			dup, err := placeOrder(ctx, ob, tx, fmt.Sprintf("order-%d", i/2), 1000+i/2%100, delay)
+			n[dup]++
 			return err
-		}
-		task := outbox.Task{Queue: queue, ID: id, Payload: payload, Delay: delay}
-		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount_cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, id, 1000+i%100); err != nil {
-				return err
-			}
-			res, err := ob.Enqueue(ctx, tx, task)
-			if err == nil && res.Duplicate {
-				dups++
-			} else if err == nil {
-				added++
-			}
+		}); err != nil {
 			return err
-		})
-		if err != nil {
-			return err
-		}
-		// The same request again: refused, and the transaction goes on normally.
-		if res, err := ob.Enqueue(ctx, pool, task); err != nil {
-			return err
-		} else if res.Duplicate {
-			dups++
 		}
 	}
-	fmt.Printf("enqueued %d charges, refused %d duplicates\n", added, dups)
+	fmt.Printf("enqueued %d charges, refused %d duplicates\n", n[false], n[true])
 	return nil
+}
+
+// register adds the charge handler: the ledger row commits with the task's
+// completion. OnDead marks the order of a declined charge with its death.
+func register(w *worker.Worker, concurrency int) error {
+	return worker.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, t *worker.Task, c Charge) error {
+		if c.AmountCents <= 0 {
+			return worker.NoRetry(errors.New("card declined"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO payment_ledger (order_id, amount_cents) VALUES ($1, $2)`, t.ID, c.AmountCents)
+		return err
+	}, worker.QueueConfig{Concurrency: concurrency, OnDead: func(ctx context.Context, tx pgx.Tx, t *worker.Task, _ error) error {
+		_, err := tx.Exec(ctx, `UPDATE orders SET status = 'payment_failed' WHERE id = $1`, t.ID)
+		return err
+	}})
 }
 
 // work runs the charge handler until interrupted.
@@ -139,24 +146,15 @@ func work(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, concurrenc
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{})
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	w, err := worker.New(pool, dq, ob, worker.Config{Logger: log})
+	w, err := worker.New(pool, dq, ob, worker.Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
-	charge := func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
-		// The ledger row and the task's completion commit together: exactly once.
-		_, err := tx.Exec(ctx, `INSERT INTO payment_ledger (order_id, amount_cents)
-			SELECT id, amount_cents FROM orders WHERE id = $1`, t.ID)
-		return err
-	}
-	if err := w.HandleTx(queue, charge, worker.QueueConfig{Concurrency: concurrency}); err != nil {
+	if err = register(w, concurrency); err != nil {
 		return err
 	}
 	fmt.Println("worker running; Ctrl-C to stop")
