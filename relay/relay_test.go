@@ -757,8 +757,12 @@ func TestRedisCluster(t *testing.T) {
 	}
 }
 
-// ceilMilli is the due time a task gets in Redis: rounded up to the millisecond.
+// ceilMilli is the due time a task enqueued through the outbox gets in Redis: the
+// outbox keeps microseconds (pgx drops the nanoseconds), and the relay rounds that
+// up to the millisecond. Ceiling t itself would be 1 ms off whenever its
+// nanoseconds past the millisecond are under 1,000.
 func ceilMilli(t time.Time) time.Time {
+	t = t.Truncate(time.Microsecond)
 	if c := t.Truncate(time.Millisecond); c.Before(t) {
 		return c.Add(time.Millisecond)
 	}
