@@ -13,6 +13,9 @@ var (
 	ErrInvalidTaskID = validate.ErrInvalidTaskID
 	// ErrInvalidPrefix reports a bad key prefix in Config.
 	ErrInvalidPrefix = validate.ErrInvalidPrefix
+	// ErrInvalidRateLimit reports a rate limit out of its bounds (same value as in
+	// outbox and validate); SetControls wraps it in ErrInvalidArgument.
+	ErrInvalidRateLimit = validate.ErrInvalidRateLimit
 
 	// ErrInvalidConfig reports a Config that does not validate.
 	ErrInvalidConfig = errors.New("delayq: invalid config")

@@ -118,15 +118,19 @@ func parseEnqueue(v any, n int) ([]EnqueueStatus, error) {
 	return out, nil
 }
 
-const claimGroup = 7
+// The claim reply: a head of claimHead elements, then claimGroup per task.
+const (
+	claimHead  = 5
+	claimGroup = 7
+)
 
 func parseClaim(v any, queue string) (Claim, error) {
 	a, err := asArray(v, "claim")
 	if err != nil {
 		return Claim{}, err
 	}
-	if len(a) < 4 {
-		return Claim{}, replyErr("claim: %d elements, want at least 4", len(a))
+	if len(a) < claimHead {
+		return Claim{}, replyErr("claim: %d elements, want at least %d", len(a), claimHead)
 	}
 	next, err := asInt(a[0], "claim next_ms")
 	if err != nil {
@@ -147,10 +151,17 @@ func parseClaim(v any, queue string) (Claim, error) {
 	if err != nil {
 		return Claim{}, err
 	}
-	if count < 0 || int64(len(a)-4) != count*claimGroup {
-		return Claim{}, replyErr("claim: count %d with %d fields", count, len(a)-4)
+	if count < 0 || int64(len(a)-claimHead) != count*claimGroup {
+		return Claim{}, replyErr("claim: count %d with %d fields", count, len(a)-claimHead)
 	}
-	c := Claim{NextDue: -1, Now: now}
+	rate, err := asInt(a[4], "claim rate_ms")
+	if err != nil {
+		return Claim{}, err
+	}
+	if rate < 0 || rate > maxMS {
+		return Claim{}, replyErr("claim: rate_ms %d", rate)
+	}
+	c := Claim{NextDue: -1, Now: now, RateWait: time.Duration(rate) * time.Millisecond}
 	if next >= 0 {
 		c.NextDue = time.Duration(next) * time.Millisecond
 	}
@@ -158,7 +169,7 @@ func parseClaim(v any, queue string) (Claim, error) {
 		c.Tasks = make([]ClaimedTask, count)
 	}
 	for i := range c.Tasks {
-		g := a[4+i*claimGroup : 4+(i+1)*claimGroup]
+		g := a[claimHead+i*claimGroup : claimHead+(i+1)*claimGroup]
 		t := ClaimedTask{Queue: queue, LeaseUntil: until}
 		if t.ID, err = asString(g[0], "claim id"); err != nil {
 			return Claim{}, err

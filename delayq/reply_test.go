@@ -75,14 +75,15 @@ func encodeReply(v any) []byte {
 
 var validReplies = []any{
 	[]any{int64(1), int64(0), int64(2)}, // enqueue
-	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1),
+	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0),
 		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500"}, // claim
-	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0)}, // claim, nothing due
+	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
 	"1700000060.123", // extend
 	int64(0),         // lease lost
 	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                // reap
 	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                // stats
 	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "", "", "", "", "", "", "", int64(-2)}, // inspect 2 ids
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7)},                                    // claim, rate limited
 }
 
 func FuzzParseReplies(f *testing.F) {
@@ -132,6 +133,9 @@ func TestParseValidReplies(t *testing.T) {
 	if c, err := parseClaim(validReplies[2], "q"); err != nil || c.NextDue != 250*time.Millisecond || c.Tasks != nil {
 		t.Errorf("empty claim %+v %v", c, err)
 	}
+	if c, err := parseClaim(validReplies[8], "q"); err != nil || c.NextDue != 0 || c.RateWait != 7*time.Millisecond {
+		t.Errorf("rate-limited claim %+v %v", c, err)
+	}
 	if until, ok, err := parseExtend(validReplies[3]); err != nil || !ok || until.UnixMilli() != 1700000060123 {
 		t.Errorf("extend %v %v %v", until, ok, err)
 	}
@@ -164,11 +168,14 @@ func TestParseMalformedReplies(t *testing.T) {
 		{"enqueue code", func() error { _, err := parseEnqueue([]any{int64(7)}, 1); return err }},
 		{"claim short", func() error { _, err := parseClaim([]any{int64(1)}, "q"); return err }},
 		{"claim count", func() error {
-			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), "id"}, "q")
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), "id"}, "q")
 			return err
 		}},
-		{"claim next", func() error { _, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0)}, "q"); return err }},
-		{"claim score", func() error { _, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0)}, "q"); return err }},
+		{"claim next", func() error {
+			_, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0), int64(0)}, "q")
+			return err
+		}},
+		{"claim score", func() error { _, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0)}, "q"); return err }},
 		{"extend type", func() error { _, _, err := parseExtend(nil); return err }},
 		{"extend code", func() error { _, _, err := parseExtend(int64(3)); return err }},
 		{"code", func() error { _, err := parseCode(int64(9), "x", 0, 1); return err }},

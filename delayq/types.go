@@ -58,6 +58,10 @@ type Claim struct {
 	NextDue time.Duration
 	// Now is the Redis clock at the claim, to the millisecond.
 	Now time.Time
+	// RateWait, when more tasks are due (NextDue 0) but the queue's rate limit
+	// allows no further start now, is how long until it allows the next one
+	// (rounded up to a millisecond); else 0. Pass it to Waiter.Wait.
+	RateWait time.Duration
 }
 
 // ClaimedTask is a task leased to one worker until LeaseUntil. Token proves the

@@ -5,37 +5,53 @@ import (
 	"fmt"
 
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // QueueControl is a queue's controls as Postgres holds them: whether it is
-// paused, and the version Redis's mirror is keyed by.
+// paused, its rate limit, and the version Redis's mirror is keyed by.
 type QueueControl = taskstate.QueueControl
 
-// PauseQueue pauses queue in Postgres, the truth, and returns the new version of
-// its controls. After the commit, mirror it into Redis with
-// delayq.Client.SetPaused(ctx, queue, version, true): from then on no worker claims
-// from the queue (the relay also mirrors every few seconds, so a mirror write that
-// failed is repaired). Tasks keep their due times; enqueues go on.
-func (c *Client) PauseQueue(ctx context.Context, q Querier, queue string) (version int64, err error) {
-	v, err := c.store.SetPaused(ctx, q, queue, true)
+// RateLimit caps a queue's starts across every worker: at most Limit per Period
+// (default 1 s), up to Burst (default 1) at once; Limit 0 is no limit.
+type RateLimit = validate.RateLimit
+
+// PauseQueue pauses queue in Postgres, the truth, and returns its controls. After
+// the commit, mirror them into Redis with delayq.Client.SetControls (the relay
+// also mirrors every few seconds, so a mirror write that failed is repaired):
+// from then on no worker claims from the queue. Tasks keep their due times;
+// enqueues go on.
+func (c *Client) PauseQueue(ctx context.Context, q Querier, queue string) (QueueControl, error) {
+	ctl, err := c.store.SetPaused(ctx, q, queue, true)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: pause: %w", err)
+		return QueueControl{}, fmt.Errorf("outbox: pause: %w", err)
 	}
-	return v, nil
+	return ctl, nil
 }
 
-// ResumeQueue resumes queue in Postgres and returns the new version of its
-// controls; mirror it with delayq.Client.SetPaused(ctx, queue, version, false),
-// which wakes the sleeping workers.
-func (c *Client) ResumeQueue(ctx context.Context, q Querier, queue string) (version int64, err error) {
-	v, err := c.store.SetPaused(ctx, q, queue, false)
+// ResumeQueue resumes queue in Postgres and returns its controls; mirror them
+// with delayq.Client.SetControls, which wakes the sleeping workers.
+func (c *Client) ResumeQueue(ctx context.Context, q Querier, queue string) (QueueControl, error) {
+	ctl, err := c.store.SetPaused(ctx, q, queue, false)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: resume: %w", err)
+		return QueueControl{}, fmt.Errorf("outbox: resume: %w", err)
 	}
-	return v, nil
+	return ctl, nil
 }
 
-// QueueControls reads the controls of every queue ever paused, by name.
+// SetQueueRateLimit sets queue's rate limit in Postgres (Limit 0 lifts it) and
+// returns its controls; mirror them with delayq.Client.SetControls. A bad limit
+// is ErrInvalidRateLimit, and nothing is written.
+func (c *Client) SetQueueRateLimit(ctx context.Context, q Querier, queue string, rate RateLimit) (QueueControl, error) {
+	ctl, err := c.store.SetRateLimit(ctx, q, queue, rate)
+	if err != nil {
+		return QueueControl{}, fmt.Errorf("outbox: rate limit: %w", err)
+	}
+	return ctl, nil
+}
+
+// QueueControls reads the controls of every queue ever paused or limited, by
+// name.
 func (c *Client) QueueControls(ctx context.Context, q Querier) ([]QueueControl, error) {
 	out, err := c.store.QueueControls(ctx, q)
 	if err != nil {

@@ -3,9 +3,11 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/delayq/delayq/relay/reconcile"
 )
 
-// ControlSyncInterval is how often the relay mirrors the queue controls (pause)
+// ControlSyncInterval is how often the relay mirrors the queue controls (pause, rate limit)
 // from Postgres into Redis. The commands write both stores themselves; this
 // restores a mirror write that failed, or a Redis that lost its data. Each write
 // is keyed by the controls' version, so it never undoes a newer change.
@@ -25,14 +27,6 @@ func (r *Relay) controlLoop(ctx context.Context) {
 
 // syncControls writes every queue's controls from Postgres into Redis.
 func (r *Relay) syncControls(ctx context.Context) error {
-	ctls, err := r.store.QueueControls(ctx, r.pool)
-	if err != nil {
-		return err
-	}
-	for _, c := range ctls {
-		if _, err := r.dq.SetPaused(ctx, c.Queue, c.Version, c.Paused); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := reconcile.RestoreControls(ctx, r.pool, r.dq, reconcile.Options{Schema: r.cfg.Schema})
+	return err
 }

@@ -31,6 +31,8 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	conn.register(fs, m, true, true)
 	asJSON := fs.Bool("json", false, "print one JSON line per workload")
 	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
+	controls := fs.Bool("claim-controls", false, "give the workloads' queue a rate limit that never binds (10^6/s): the claim script's cost with its limiter at work")
+	rateBurst := fs.Int("rate-burst", 0, "the rate-limit workload's burst (0: the default, 100ms of starts at the limit)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (this process: relay, workers, producers) to this file")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -74,7 +76,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, Logger: logger}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, RateBurst: *rateBurst, ClaimControls: *controls, Logger: logger}
 	var failed []string
 	for _, name := range names {
 		res, err := bench.Run(ctx, env, name)

@@ -1,40 +1,53 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
 )
 
 const queueUsage = `Usage: delayq queue <action> [flags]
 
 Actions:
-  pause QUEUE    stop every worker claiming from QUEUE, from its next claim on
-  resume QUEUE   let workers claim from QUEUE again (sleeping workers wake at once)
-  list           every queue ever paused: paused or not, in Postgres and in Redis
+  pause QUEUE         stop every worker claiming from QUEUE, from its next claim on
+  resume QUEUE        let workers claim from QUEUE again (sleeping workers wake at once)
+  limit QUEUE RATE    cap QUEUE's starts across all workers: N/PERIOD, or none
+  list                every queue ever paused or limited, in Postgres and in Redis
 
 Examples:
   delayq queue pause payment
   delayq queue resume payment
+  delayq queue limit payment 100/s
+  delayq queue limit mail 6000/1m --burst 50
+  delayq queue limit payment none
   delayq queue list --json
 
 A pause is written to PostgreSQL (the table delayq_queues, the truth) and then to
 Redis (dq:{queue}:ctl), which the claim script reads: once 'pause' returns, no
 worker claims from the queue. Tasks keep their due times and run when the queue is
-resumed; enqueues and the relay go on. The relay mirrors the flag from PostgreSQL
-every few seconds, so a Redis that lost it gets it back.
+resumed; enqueues and the relay go on. A rate limit is kept the same way; the
+claim script spaces the queue's starts PERIOD/N apart by the Redis clock (GCRA),
+letting up to --burst follow one another after an idle spell, whatever the number
+of workers. The relay mirrors the controls from PostgreSQL every few seconds, so
+a Redis that lost them gets them back.
 
 Run 'delayq queue <action> --help' for the flags of each.
 `
 
 func runQueue(ctx context.Context, m *Main, args []string) error {
 	if len(args) == 0 {
-		return usagef("want an action: pause, resume or list (see --help)")
+		return usagef("want an action: pause, resume, limit or list (see --help)")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -44,10 +57,12 @@ func runQueue(ctx context.Context, m *Main, args []string) error {
 		return runQueueSet(ctx, m, "pause", true, args[1:])
 	case "resume":
 		return runQueueSet(ctx, m, "resume", false, args[1:])
+	case "limit":
+		return runQueueLimit(ctx, m, args[1:])
 	case "list":
 		return runQueueList(ctx, m, args[1:])
 	}
-	return usagef("unknown action %q: want pause, resume or list", args[0])
+	return usagef("unknown action %q: want pause, resume, limit or list", args[0])
 }
 
 func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args []string) error {
@@ -62,7 +77,82 @@ func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args 
 	if err := validate.Queue(queue); err != nil {
 		return usagef("%v", err)
 	}
-	pool, dq, closeAll, err := openStores(ctx, &conn, reconcile.Options{Schema: conn.schema}, true)
+	state := "paused"
+	if !paused {
+		state = "resumed"
+	}
+	return setControls(ctx, m, &conn, queue, action, func(ob *outbox.Client, pool *pgxpool.Pool) (outbox.QueueControl, error) {
+		if paused {
+			return ob.PauseQueue(ctx, pool, queue)
+		}
+		return ob.ResumeQueue(ctx, pool, queue)
+	}, queue+" "+state)
+}
+
+func runQueueLimit(ctx context.Context, m *Main, args []string) error {
+	var conn connFlags
+	fs := newFlagSet(m, "queue limit", "queue limit [flags] QUEUE RATE",
+		"  delayq queue limit payment 100/s\n  delayq queue limit mail 6000/1m --burst 50\n  delayq queue limit payment none\n\n"+
+			"RATE is N/PERIOD: at most N starts per PERIOD (1ms to years: 10/s, 100/1s, 6000/1m,\n"+
+			"5/250ms), spaced PERIOD/N apart, across every worker; none (or 0) lifts the limit.\n")
+	conn.register(fs, m, true, true)
+	burst := fs.Int("burst", 0, "starts allowed one right after the other, after an idle spell or a late wake-up\n(1.."+fmt.Sprint(validate.MaxRateBurst)+"; 0: the starts of 100ms at the limit, at least 1)")
+	if err := parseArgs(fs, args, 2); err != nil {
+		return err
+	}
+	queue := fs.Arg(0)
+	if err := validate.Queue(queue); err != nil {
+		return usagef("%v", err)
+	}
+	rate, err := parseRate(fs.Arg(1))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	rate.Burst = *burst
+	rate = rate.WithDefaults()
+	if err := rate.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	return setControls(ctx, m, &conn, queue, "limit", func(ob *outbox.Client, pool *pgxpool.Pool) (outbox.QueueControl, error) {
+		return ob.SetQueueRateLimit(ctx, pool, queue, rate)
+	}, queue+" rate limit "+rate.String())
+}
+
+// parseRate reads N/PERIOD ("100/s", "6000/1m", "5/250ms"), or none (or 0).
+func parseRate(s string) (validate.RateLimit, error) {
+	if s == "none" || s == "0" {
+		return validate.RateLimit{Period: time.Second}, nil
+	}
+	ns, ps, ok := strings.Cut(s, "/")
+	if !ok {
+		return validate.RateLimit{}, fmt.Errorf("rate %q: want N/PERIOD (100/s, 6000/1m) or none", s)
+	}
+	n, err := strconv.Atoi(ns)
+	if err != nil || n < 1 || n > validate.MaxRateLimit {
+		return validate.RateLimit{}, fmt.Errorf("rate %q: N must be an integer in 1..%d", s, validate.MaxRateLimit)
+	}
+	if ps != "" && (ps[0] < '0' || ps[0] > '9') {
+		ps = "1" + ps // "s" is "1s"
+	}
+	p, err := time.ParseDuration(ps)
+	if err != nil {
+		return validate.RateLimit{}, fmt.Errorf("rate %q: PERIOD: %w", s, err)
+	}
+	if p <= 0 {
+		return validate.RateLimit{}, fmt.Errorf("rate %q: PERIOD must be positive", s)
+	}
+	r := validate.RateLimit{Limit: n, Period: p}
+	if err := r.WithDefaults().Validate(); err != nil {
+		return validate.RateLimit{}, err
+	}
+	return r, nil
+}
+
+// setControls changes a queue's controls in Postgres first (the truth), then
+// mirrors them into Redis, keyed by their version.
+func setControls(ctx context.Context, m *Main, conn *connFlags, queue, action string,
+	write func(*outbox.Client, *pgxpool.Pool) (outbox.QueueControl, error), done string) error {
+	pool, dq, closeAll, err := openStores(ctx, conn, reconcile.Options{Schema: conn.schema}, true)
 	if err != nil {
 		return err
 	}
@@ -71,24 +161,14 @@ func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args 
 	if err != nil {
 		return usagef("%v", err)
 	}
-	// Postgres first (the truth), then Redis, keyed by the version.
-	var v int64
-	if paused {
-		v, err = ob.PauseQueue(ctx, pool, queue)
-	} else {
-		v, err = ob.ResumeQueue(ctx, pool, queue)
-	}
+	c, err := write(ob, pool)
 	if err != nil {
 		return err
 	}
-	if _, err := dq.SetPaused(ctx, queue, v, paused); err != nil {
+	if _, err := dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate}); err != nil {
 		return fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", action, err)
 	}
-	state := "paused"
-	if !paused {
-		state = "resumed"
-	}
-	fmt.Fprintf(m.Stdout, "%s %s\n", queue, state)
+	fmt.Fprintln(m.Stdout, done)
 	return nil
 }
 
@@ -97,15 +177,28 @@ type queueRow struct {
 	Queue       string `json:"queue"`
 	Paused      bool   `json:"paused"`
 	RedisPaused bool   `json:"redis_paused"`
-	Version     int64  `json:"version"`
-	UpdatedAt   string `json:"updated_at"`
+	// RateLimit is "N/PERIOD" ("" for none); BurstLimit its burst.
+	RateLimit      string `json:"rate_limit,omitempty"`
+	RateBurst      int    `json:"rate_burst,omitempty"`
+	RedisRateLimit string `json:"redis_rate_limit,omitempty"`
+	Version        int64  `json:"version"`
+	RedisVersion   int64  `json:"redis_version"`
+	UpdatedAt      string `json:"updated_at"`
+}
+
+// rateText is "100/1s", or "" for no limit.
+func rateText(r validate.RateLimit) string {
+	if r.Limit == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d/%v", r.Limit, r.Period)
 }
 
 func runQueueList(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags
 	fs := newFlagSet(m, "queue list", "queue list [flags]",
 		"  delayq queue list\n  delayq queue list --json\n\n"+
-			"PAUSED is PostgreSQL's flag (the truth), REDIS what the claim script sees.\n")
+			"PAUSED and LIMIT are PostgreSQL's (the truth), REDIS what the claim script sees.\n")
 	conn.register(fs, m, true, true)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := parseArgs(fs, args, 0); err != nil {
@@ -126,30 +219,45 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 	}
 	rows := make([]queueRow, 0, len(ctls))
 	for _, c := range ctls {
-		rp, err := dq.Paused(ctx, c.Queue)
+		rc, rv, err := dq.Controls(ctx, c.Queue)
 		if err != nil {
 			return err
 		}
-		rows = append(rows, queueRow{Queue: c.Queue, Paused: c.Paused, RedisPaused: rp, Version: c.Version,
-			UpdatedAt: c.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z")})
+		row := queueRow{Queue: c.Queue, Paused: c.Paused, RedisPaused: rc.Paused, Version: c.Version, RedisVersion: rv,
+			RateLimit: rateText(c.Rate), RedisRateLimit: rateText(rc.Rate),
+			UpdatedAt: c.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z")}
+		if c.Rate.Limit > 0 {
+			row.RateBurst = c.Rate.Burst
+		}
+		rows = append(rows, row)
 	}
 	if *asJSON {
 		return writeJSON(m.Stdout, rows)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(m.Stdout, "no queue was ever paused")
+		fmt.Fprintln(m.Stdout, "no queue was ever paused or limited")
 		return nil
 	}
 	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPAUSED\tREDIS\tVERSION\tUPDATED")
+	fmt.Fprintln(tw, "QUEUE\tPAUSED\tLIMIT\tBURST\tREDIS\tVERSION\tUPDATED")
 	yes := func(b bool) string {
 		if b {
 			return "yes"
 		}
 		return "no"
 	}
+	orNone := func(s string) string { return cmp.Or(s, "none") }
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", r.Queue, yes(r.Paused), yes(r.RedisPaused), r.Version, r.UpdatedAt)
+		// REDIS: what the claim script sees, "same" when it is Postgres's version.
+		redis := "same"
+		if r.RedisVersion != r.Version {
+			redis = fmt.Sprintf("v%d paused %s limit %s", r.RedisVersion, yes(r.RedisPaused), orNone(r.RedisRateLimit))
+		}
+		burst := "-"
+		if r.RateBurst > 0 {
+			burst = fmt.Sprint(r.RateBurst)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Queue, yes(r.Paused), orNone(r.RateLimit), burst, redis, r.Version, r.UpdatedAt)
 	}
 	return tw.Flush()
 }

@@ -104,7 +104,7 @@ func TestQueuePauseUnderLoad(t *testing.T) {
 	if err := b.rdb.Del(ctx, k.Control).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("the relay to restore the pause", func() bool { p, err := b.dq.Paused(ctx, "load"); return err == nil && p })
+	waitFor("the relay to restore the pause", func() bool { c, _, err := b.dq.Controls(ctx, "load"); return err == nil && c.Paused })
 	after := ran()
 	allowed := map[string]bool{}
 	for _, id := range append(before, leased...) {
@@ -147,4 +147,11 @@ func TestQueueCommandUsage(t *testing.T) {
 	b.run(t, "queue", "pause").want(t, 2)
 	b.run(t, "queue", "pause", "a b").want(t, 2)
 	b.run(t, "queue", "list", "--prefix", b.prefix).want(t, 0, "no queue was ever paused")
+	b.run(t, "queue", "limit", "--help").want(t, 0, "delayq queue limit", "N/PERIOD", "--burst")
+	b.run(t, "queue", "limit", "q").want(t, 2)
+	b.run(t, "queue", "limit", "q", "fast").want(t, 2)
+	b.run(t, "queue", "limit", "q", "10/s", "--burst", "-1").want(t, 2)
+	b.run(t, "queue", "limit", "--prefix", b.prefix, "q", "10/s", "--burst", "4").want(t, 0, "q rate limit 10/1s burst 4")
+	b.run(t, "queue", "list", "--prefix", b.prefix).want(t, 0, "10/1s", "same")
+	b.run(t, "queue", "limit", "--prefix", b.prefix, "q", "none").want(t, 0, "q rate limit none")
 }

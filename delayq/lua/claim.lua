@@ -12,7 +12,11 @@
 -- KEYS[3]  task hash key prefix
 -- KEYS[4]  the queue's controls HASH (ctl.lua): while its p is "1" the queue is
 --          paused and nothing is claimed (next_ms -1: the worker sleeps until the
---          resume's wake-up)
+--          resume's wake-up). While its r is set (r starts per w ms, bursts of b),
+--          the starts are rate limited by GCRA on the Redis clock: g holds the
+--          theoretical arrival time in ms; a start at now is allowed while
+--          g - now < (b - 1) * T, T = w / r, and each start moves g on by T
+--          (from now when g is past). Only the claim script writes g.
 -- KEYS[5]  the queue's history hash prefix (Keys.History): the claim adds each task's
 --          lateness (now - due) to the hash of the current minute, KEYS[5] .. minute
 --          (field "l<b>", bucket b of hist_bucket), kept 2 hours. One hash per queue
@@ -21,10 +25,13 @@
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
 --
--- Returns { next_ms, now, lease_until, count, then count groups of 7:
+-- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 7:
 --           id, payload, attempt, max_attempts, version, token, due }
 --   next_ms      ms from now until the earliest task still in ready falls due:
 --                0 if one is due already, -1 if ready is empty
+--   rate_ms      when tasks are still due (next_ms 0) but the rate limit allows no
+--                further start now: ms until it allows the next one (rounded up);
+--                else 0
 --   now, lease_until, due   Unix seconds with 3 decimals (strings)
 -- Malformed ARGV: an error reply, nothing written.
 
@@ -40,7 +47,30 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_s = fmt(now + lease)
 
-if redis.call('HMGET', KEYS[4], 'p')[1] == '1' then return { -1, fmt(now), until_s, 0 } end
+local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g')
+if ctl[1] == '1' then return { -1, fmt(now), until_s, 0, 0 } end
+
+-- The rate limit (GCRA): allowed is how many starts it lets happen now.
+local rate = tonumber(ctl[2]) or 0
+local emit, burst, tat = 0, 0, 0
+if rate > 0 then
+  emit = (tonumber(ctl[3]) or 1000) / rate
+  burst = tonumber(ctl[4]) or 1
+  tat = math.max(tonumber(ctl[5]) or 0, now)
+  -- The 1e-6 keeps a start that falls due exactly now from being lost to rounding.
+  local allowed = math.floor((now - tat) / emit + burst + 1e-6)
+  if allowed < 1 then
+    local h = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, 1)
+    if #h == 0 then
+      local next_ms = -1
+      local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+      if e[2] then next_ms = math.max(math.floor(tonumber(e[2]) * 1000 + 0.5) - now, 0) end
+      return { next_ms, fmt(now), until_s, 0, 0 }
+    end
+    return { 0, fmt(now), until_s, 0, math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 1) }
+  end
+  if allowed < n then n = allowed end
+end
 
 local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
 local out = {}
@@ -91,6 +121,13 @@ if h[2] then
   if next_ms < 0 then next_ms = 0 end
 end
 
-local reply = { next_ms, fmt(now), until_s, count }
-for i = 1, #out do reply[4 + i] = out[i] end
+local rate_ms = 0
+if rate > 0 and count > 0 then
+  tat = tat + count * emit
+  redis.call('HSET', KEYS[4], 'g', string.format('%.3f', tat))
+  if next_ms == 0 then rate_ms = math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 0) end
+end
+
+local reply = { next_ms, fmt(now), until_s, count, rate_ms }
+for i = 1, #out do reply[5 + i] = out[i] end
 return reply

@@ -210,7 +210,9 @@ func (w *Worker) Stats() Stats { return w.stats.snapshot() }
 //
 // While tasks are due, each queue claims as many as it has free slots, without
 // pause. When none is due, it sleeps until the next falls due or an earlier one is
-// enqueued (delayq.Waiter): no polling.
+// enqueued (delayq.Waiter): no polling. A queue whose rate limit (set with
+// `delayq queue limit`) refuses a start sleeps until the claim script says the
+// next start is allowed; the other queues go on.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	if w.running {
@@ -349,11 +351,21 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 				w.run(hard, q, ct, cl.Now, slot)
 			})
 		}
-		if cl.NextDue != 0 {
+		var wait time.Duration
+		switch {
+		case cl.RateWait > 0:
+			// The queue's rate limit allows no further start yet: sleep exactly
+			// until the script says it will (not approach's earlier claim, which
+			// would be refused). A changed limit or a pause wakes us.
+			wait = cl.RateWait
+		case cl.NextDue != 0:
 			// Nothing more is due: sleep until the next task falls due (or a little
-			// before, see approach) or an earlier one arrives. (A free slot does not
-			// matter until then.)
-			if err := waiter.Wait(ctx, mark, approach(cl.NextDue)); err != nil && ctx.Err() == nil {
+			// before, see approach) or an earlier one arrives. (A free slot does
+			// not matter until then.)
+			wait = approach(cl.NextDue)
+		}
+		if wait != 0 {
+			if err := waiter.Wait(ctx, mark, wait); err != nil && ctx.Err() == nil {
 				w.log.Warn("worker: wait failed", "queue", q.name, "err", err)
 				w.pause(ctx)
 			}

@@ -40,7 +40,13 @@ type Env struct {
 	// WorkerBinary, when set, is a delayq binary the recovery workload runs as a
 	// worker process it can SIGKILL. Empty skips the process part.
 	WorkerBinary string
-	Logger       *slog.Logger
+	// RateBurst is the rate-limit workload's burst (0: the default).
+	RateBurst int
+	// ClaimControls gives the "bench" queue a rate limit that never binds
+	// (10^6 starts/s), so that drain and lateness measure the claim script with
+	// its limiter at work (the controls read, the GCRA step and its write).
+	ClaimControls bool
+	Logger        *slog.Logger
 }
 
 // Figure is one measured number.
@@ -89,7 +95,7 @@ func Workloads() []string {
 		names = append(names, n)
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
-		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "redis-loss": 9, "redis-loss-restart": 10, "redis-loss-failover": 11, "idle": 12, "bounds": 13, "soak": 14}
+		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "redis-loss": 9, "redis-loss-restart": 10, "redis-loss-failover": 11, "idle": 12, "rate-limit": 13, "bounds": 14, "soak": 15}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }
@@ -124,6 +130,17 @@ func Run(ctx context.Context, env Env, name string) (Result, error) {
 	}
 	defer s.close()
 	r := Result{Workload: name, Params: map[string]any{"scale": env.Scale}, Machine: s.machine(ctx)}
+	if env.ClaimControls {
+		rate := outbox.RateLimit{Limit: 1_000_000, Period: time.Second}
+		c, err := s.ob.SetQueueRateLimit(ctx, s.pool, "bench", rate)
+		if err == nil {
+			_, err = s.dq.SetControls(ctx, "bench", c.Version, delayq.Controls{Rate: c.Rate})
+		}
+		if err != nil {
+			return r, fmt.Errorf("bench %s: rate limit: %w", name, err)
+		}
+		r.Params["bench_queue_rate_limit"] = c.Rate.String()
+	}
 	if err := w.run(ctx, s, &r); err != nil {
 		return r, fmt.Errorf("bench %s: %w", name, err)
 	}

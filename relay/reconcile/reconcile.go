@@ -51,6 +51,9 @@ type Report struct {
 	// ExpiredLeases counts active tasks past their lease, left to the reaper (not
 	// inconsistencies: not in Found).
 	ExpiredLeases Bucket `json:"expired_leases"`
+	// Controls counts the queues whose controls (pause, rate limit) Redis was
+	// behind on, restored from Postgres (RestoreControls; left with DryRun).
+	Controls int `json:"controls_restored"`
 	// Duration is how long the run took. In JSON: duration_ms.
 	Duration time.Duration `json:"-"`
 }
@@ -157,6 +160,10 @@ func (e *engine) run(ctx context.Context) error {
 	defer func() {
 		e.rep.Duration = time.Since(start)
 	}()
+	var err error
+	if e.rep.Controls, err = RestoreControls(ctx, e.db, e.dq, e.o); err != nil {
+		return err
+	}
 	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues, e.o.Deep)
 	if err != nil {
 		return err
