@@ -3,6 +3,8 @@ package delayq
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,4 +68,79 @@ func BenchmarkClaimComplete(b *testing.B) {
 		}
 		done += len(cl.Tasks)
 	}
+}
+
+// BenchmarkClaimControls measures the claim script's cost with the queue's
+// controls at work, against none: "plain" (no controls hash), "paused-off" (a
+// resumed queue: the flag read), "limited" (a rate limit that never binds: the
+// flag and limit read, the GCRA step and its write). Claims of 1 and of 32 tasks.
+// server_us/claim is Redis's own time in the script (INFO commandstats), which
+// the machine's load disturbs less than the round trip.
+func BenchmarkClaimControls(b *testing.B) {
+	for _, size := range []int{1, 32} {
+		for _, mode := range []string{"plain", "paused-off", "limited"} {
+			b.Run(fmt.Sprintf("%s/n=%d", mode, size), func(b *testing.B) {
+				// A server of its own: commandstats counts every client's scripts.
+				c, err := New(testenv.RedisClient(b, testenv.OwnRedis(b).URL()), Config{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := context.Background()
+				switch mode {
+				case "paused-off":
+					if _, err := c.SetControls(ctx, "q", 1, Controls{}); err != nil {
+						b.Fatal(err)
+					}
+				case "limited":
+					if _, err := c.SetControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1_000_000_000, Period: time.Second}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				tasks := make([]Task, b.N*size)
+				for i := range tasks {
+					tasks[i] = Task{ID: fmt.Sprintf("t-%d", i), Payload: []byte("p")}
+				}
+				for i := 0; i < len(tasks); i += 1000 {
+					if _, err := c.Enqueue(ctx, "q", tasks[i:min(i+1000, len(tasks))]...); err != nil {
+						b.Fatal(err)
+					}
+				}
+				before := evalUsec(b, c)
+				b.ResetTimer()
+				for range b.N {
+					cl, err := c.Claim(ctx, "q", size, time.Minute)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if len(cl.Tasks) != size {
+						b.Fatalf("claimed %d, want %d", len(cl.Tasks), size)
+					}
+				}
+				b.StopTimer()
+				after := evalUsec(b, c)
+				b.ReportMetric(float64(after-before)/float64(b.N), "server_us/claim")
+			})
+		}
+	}
+}
+
+// evalUsec is Redis's total time in EVALSHA and EVAL so far, in µs.
+func evalUsec(b *testing.B, c *Client) int64 {
+	info, err := c.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\r\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		for _, f := range strings.Split(line[strings.Index(line, ":")+1:], ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
 }
