@@ -3,7 +3,9 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -86,4 +88,55 @@ func Example() {
 	if err := w.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// Charge is the payload of the typed queue Charges.
+type Charge struct {
+	Order       string
+	AmountCents int
+}
+
+// Charges is declared once and shared by producers (Charges.Enqueue) and workers.
+var Charges = outbox.Queue[Charge]{Name: "charge"}
+
+// A typed transactional handler with an OnDead hook: the charge commits with the
+// task's completion, and a charge that dies marks its order in the transaction
+// that records the death. Each happens exactly once.
+func ExampleRegisterTx() {
+	var w *worker.Worker // worker.New(pool, dq, ob, worker.Config{})
+	err := worker.RegisterTx(w, Charges, func(ctx context.Context, tx pgx.Tx, t *worker.Task, c Charge) error {
+		if c.AmountCents <= 0 {
+			return worker.NoRetry(errors.New("nothing to charge")) // dead at once
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, cents) VALUES ($1, $2)`, c.Order, c.AmountCents)
+		return err
+	}, worker.QueueConfig{
+		OnDead: func(ctx context.Context, tx pgx.Tx, t *worker.Task, cause error) error {
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'payment_failed' WHERE id = $1`, t.ID)
+			return err
+		},
+		Retry: func(attempt int, err error) (time.Duration, bool) {
+			return time.Duration(attempt) * time.Minute, attempt < 5
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A middleware of one's own beside the built-ins: every run of every queue is
+// logged and bounded to a minute; the queue "report" snoozes outside office hours
+// (the attempt is not counted).
+func ExampleMiddleware() {
+	officeHours := func(ctx context.Context, t *worker.Task, next worker.Next) error {
+		if t.Queue == "report" && time.Now().Hour() < 8 {
+			return worker.Snooze(time.Hour)
+		}
+		return next(ctx)
+	}
+	cfg := worker.Config{Middleware: []worker.Middleware{
+		worker.Logging(slog.Default()), worker.Timeout(time.Minute), officeHours,
+	}}
+	fmt.Println(cfg.Validate())
+	// Output: <nil>
 }

@@ -382,3 +382,68 @@ func TestWorkerKilledInDeadHook(t *testing.T) {
 		t.Errorf("redis %+v", ti)
 	}
 }
+
+// Two workers, many tasks dying at once, a third of the dead hooks failing at
+// first: every task is dead, with exactly one committed hook write each.
+func TestOnDeadExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE hooked (id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	var mu sync.Mutex
+	calls := map[string]int{}
+	register := func(w *Worker) {
+		_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+			if err := insertEffect(ctx, tx, tk, ""); err != nil {
+				return err
+			}
+			return NoRetry(errors.New("declined"))
+		}, QueueConfig{Concurrency: 8, Backoff: Backoff{Base: time.Millisecond, Max: 5 * time.Millisecond},
+			OnDead: func(ctx context.Context, tx pgx.Tx, tk *Task, _ error) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO hooked VALUES ($1)`, tk.ID); err != nil {
+					return err
+				}
+				mu.Lock()
+				calls[tk.ID]++
+				first := calls[tk.ID] == 1
+				mu.Unlock()
+				if first && len(tk.ID)%3 == 0 {
+					return errors.New("hook fails once")
+				}
+				return nil
+			}})
+	}
+	var tasks []outbox.Task
+	for i := range n {
+		tasks = append(tasks, task("q", fmt.Sprintf("t%d", i)))
+	}
+	h1 := b.start(t, Config{}, register)
+	h2 := b.start(t, Config{}, register)
+	b.enqueue(t, tasks...)
+	deadline := time.Now().Add(time.Minute)
+	for b.count(t, `SELECT count(*) FROM delayq_outbox WHERE state = 'dead'`) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("not every task died: stats %+v %+v", h1.w.Stats(), h2.w.Stats())
+		}
+		select {
+		case <-h1.done:
+		case <-h2.done:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if got := b.count(t, `SELECT count(*) FROM hooked`); got != n {
+		t.Errorf("%d hook writes for %d deaths", got, n)
+	}
+	if got := b.count(t, `SELECT count(DISTINCT id) FROM hooked`); got != n {
+		t.Errorf("%d tasks with a hook write, want %d", got, n)
+	}
+	if got := b.count(t, `SELECT count(*) FROM effects`); got != 0 {
+		t.Errorf("%d effects of failed runs", got)
+	}
+	if s1, s2 := h1.w.Stats(), h2.w.Stats(); s1.Dead+s2.Dead != n || s1.DeadHookFailed+s2.DeadHookFailed == 0 {
+		t.Errorf("stats %+v %+v", s1, s2)
+	}
+}
