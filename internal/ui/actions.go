@@ -1,10 +1,13 @@
 package ui
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -236,4 +239,68 @@ func (h *Handler) actCheck(w http.ResponseWriter, r *http.Request, p *page) {
 	h.lastCheck = res
 	h.mu.Unlock()
 	h.done(w, r, h.cfg.BasePath+"/consistency", "checked")
+}
+
+// actPause pauses or resumes a queue as delayq queue pause does: Postgres first
+// (the truth), then the Redis flag the claim script reads, keyed by the version.
+func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request, *page) {
+	return func(w http.ResponseWriter, r *http.Request, p *page) {
+		q := r.PostForm.Get("queue")
+		if err := validate.Queue(q); err != nil {
+			h.fail(w, p, http.StatusBadRequest, err)
+			return
+		}
+		ctx, cancel := ctxOf(r)
+		defer cancel()
+		set, ok := h.cfg.Outbox.ResumeQueue, "resumed"
+		if paused {
+			set, ok = h.cfg.Outbox.PauseQueue, "paused"
+		}
+		v, err := set(ctx, h.cfg.DB, q)
+		if err != nil {
+			h.fail(w, p, http.StatusBadGateway, err)
+			return
+		}
+		if _, err := h.cfg.Redis.SetPaused(ctx, q, v, paused); err != nil {
+			h.fail(w, p, http.StatusBadGateway, fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", ok, err))
+			return
+		}
+		h.done(w, r, h.cfg.BasePath+"/", ok)
+	}
+}
+
+// actEditRetry retries a dead task with the payload edited on its page, as a new
+// version (outbox.RetryDeadEdited: only from the dead version the page showed).
+// A payload that was JSON must still be JSON; it is stored compacted.
+func (h *Handler) actEditRetry(w http.ResponseWriter, r *http.Request, p *page) {
+	q, id, err := key(r)
+	var version int
+	if err == nil {
+		version, err = strconv.Atoi(r.PostForm.Get("version"))
+		if err != nil {
+			err = fmt.Errorf("version %q: not a number", r.PostForm.Get("version"))
+		}
+	}
+	payload := []byte(r.PostForm.Get("payload"))
+	if err == nil && r.PostForm.Get("kind") == "json" {
+		var buf bytes.Buffer
+		if err = json.Compact(&buf, payload); err != nil {
+			err = fmt.Errorf("the payload was JSON and the edit is not: %w", err)
+		}
+		payload = buf.Bytes()
+	}
+	if err == nil {
+		ctx, cancel := ctxOf(r)
+		defer cancel()
+		_, err = h.cfg.Outbox.RetryDeadEdited(ctx, h.cfg.DB, q, id, version, payload)
+	}
+	if err != nil {
+		code := status(err)
+		if errors.Is(err, outbox.ErrStale) {
+			code = http.StatusConflict
+		}
+		h.fail(w, p, code, err)
+		return
+	}
+	h.done(w, r, h.taskURL(q, id), "edited")
 }

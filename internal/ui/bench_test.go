@@ -17,7 +17,8 @@ import (
 // BenchmarkPages renders each page over an outbox of DELAYQ_UI_BENCH_ROWS rows
 // (default 20,000, so that make test stays quick; BENCHMARKS.md has the figures
 // at 1,000,000) in 20 queues: 90% done, 4% pending, 3% queued, 2% dead, 1%
-// cancelled, as a table with a week of history looks.
+// cancelled, as a table with a week of history looks; every queue has an hour of
+// Redis history (the queues page's charts) and a pause flag row.
 //
 //	DELAYQ_UI_BENCH_ROWS=1000000 go test -run '^$' -bench BenchmarkPages -benchtime 20x ./internal/ui
 func BenchmarkPages(b *testing.B) {
@@ -53,6 +54,28 @@ FROM generate_series(1, $1::int) AS i,
 	ob, err := outbox.New(outbox.Config{})
 	if err != nil {
 		b.Fatal(err)
+	}
+	// An hour of history in every queue, as busy workers leave it: tasks done and
+	// claims in a dozen lateness buckets each minute (the shape the claim and
+	// complete scripts write).
+	now := time.Now()
+	for q := range 20 {
+		k, err := dq.Keys("queue-" + strconv.Itoa(q))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pipe := rdb.Pipeline()
+		for m := now.Unix()/60 - 59; m <= now.Unix()/60; m++ {
+			key := k.History + strconv.FormatInt(m, 10)
+			pipe.HIncrBy(ctx, key, "d", 3000)
+			for bucket := 20; bucket < 32; bucket++ {
+				pipe.HIncrBy(ctx, key, "l"+strconv.Itoa(bucket), int64(250+bucket))
+			}
+			pipe.Expire(ctx, key, delayq.HistoryRetention)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 	h, err := New(Config{DB: pool, Redis: dq, Outbox: ob, ReadOnly: true})
 	if err != nil {

@@ -6,12 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -20,8 +23,8 @@ import (
 )
 
 // The browser tests drive a headless Chromium (Debian's chromium package, which
-// make servers installs) the way a person uses the dashboard. One browser
-// process serves every test: each gets a tab of its own.
+// make browser installs) the way a person uses the dashboard. One browser
+// process serves every test: each gets a tab of its own, one after the other.
 
 // ScreenshotsEnv names the folder the browser tests write their screenshots to
 // (default: delayq-ui-screenshots in the temporary directory).
@@ -70,8 +73,11 @@ func TestBrowser(t *testing.T) {
 	}
 	t.Logf("screenshots in %s", shots)
 	b := &browser{ctx: bctx, shots: shots}
-	t.Run("retry a dead task", func(t *testing.T) { t.Parallel(); b.retryDead(t) })
-	t.Run("reschedule a task", func(t *testing.T) { t.Parallel(); b.reschedule(t) })
+	// One tab at a time: the tabs share the browser's cookies.
+	t.Run("retry a dead task", func(t *testing.T) { b.retryDead(t) })
+	t.Run("reschedule a task", func(t *testing.T) { b.reschedule(t) })
+	t.Run("pause and resume a queue", func(t *testing.T) { b.pause(t) })
+	t.Run("edit a dead task's payload and retry it", func(t *testing.T) { b.editRetry(t) })
 }
 
 type browser struct {
@@ -107,7 +113,9 @@ func (b *browser) tab(t *testing.T) (context.Context, func(...chromedp.Action)) 
 			}
 		}
 	})
-	if err := chromedp.Run(ctx, log.Enable(), runtime.Enable()); err != nil {
+	// Each test logs in afresh: cookies do not tell ports apart, so an earlier
+	// test's session on 127.0.0.1 would be sent to this test's server too.
+	if err := chromedp.Run(ctx, log.Enable(), runtime.Enable(), network.ClearBrowserCookies()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -122,7 +130,14 @@ func (b *browser) tab(t *testing.T) (context.Context, func(...chromedp.Action)) 
 	run := func(actions ...chromedp.Action) {
 		t.Helper()
 		if err := chromedp.Run(ctx, actions...); err != nil {
-			t.Fatal(err)
+			// Leave what the browser showed for the one who reads the failure.
+			var url, html string
+			sctx, cancelTab := chromedp.NewContext(b.ctx, chromedp.WithTargetID(chromedp.FromContext(ctx).Target.TargetID))
+			defer cancelTab()
+			sctx, cancel := context.WithTimeout(sctx, 5*time.Second)
+			defer cancel()
+			_ = chromedp.Run(sctx, chromedp.Location(&url), chromedp.OuterHTML("html", &html, chromedp.ByQuery, chromedp.AtLeast(0)))
+			t.Fatalf("%v (at %s)\n%s", err, url, html)
 		}
 	}
 	return ctx, run
@@ -170,9 +185,15 @@ func (b *browser) retryDead(t *testing.T) {
 
 	_, run := b.tab(t)
 	var buf []byte
-	var deadCount, rows string
+	var deadCount, rows, p50 string
+	var bars int
+	// The charts count a completion once the worker's batched acknowledgement
+	// reached Redis, a moment after Postgres's commit: reload until they do.
+	waitHour(t, e, "mail", 12)
 	run(login(e),
 		chromedp.Text(`tr[data-queue="mail"] a[data-count="dead"]`, &deadCount, chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelectorAll('tr[data-queue="mail"] + tr.bar svg.chart.throughput rect.bar').length`, &bars),
+		chromedp.Text(`tr[data-queue="mail"] + tr.bar strong[data-p50]`, &p50, chromedp.ByQuery),
 		b.screenshot("queues", &buf),
 		chromedp.Click(`tr[data-queue="mail"] a[data-count="dead"]`, chromedp.ByQuery),
 		chromedp.WaitVisible(`tr[data-id="order-42"]`, chromedp.ByQuery),
@@ -181,6 +202,9 @@ func (b *browser) retryDead(t *testing.T) {
 	)
 	if deadCount != "1" || !strings.Contains(rows, "card declined: <b>not escaped?</b>") {
 		t.Fatalf("dead count %q, error %q", deadCount, rows)
+	}
+	if bars < 1 || p50 == "" || p50 == "–" {
+		t.Fatalf("charts: %d throughput bars, lateness p50 %q", bars, p50)
 	}
 	run(chromedp.Click(`tr[data-id="order-42"] button.retry`, chromedp.ByQuery),
 		chromedp.WaitVisible(`p.flash`, chromedp.ByQuery))
@@ -228,5 +252,92 @@ func (b *browser) reschedule(t *testing.T) {
 	row, _, err := e.h.browse.Task(ctxT(t), e.pool, "report", "monthly-2026-11", 0)
 	if err != nil || time.Until(row.RunAt) < 2*time.Hour+50*time.Minute {
 		t.Fatalf("run_at %v (%v)", row.RunAt, err)
+	}
+}
+
+// waitHour waits until the queues page counts at least n tasks done in queue's
+// last hour (the history follows the commits by a batched acknowledgement).
+func waitHour(t *testing.T, e *env, queue string, n int) {
+	t.Helper()
+	re := regexp.MustCompile(`<tr data-queue="` + regexp.QuoteMeta(queue) + `">[\s\S]*?data-done-hour="(\d+)"`)
+	c := e.client(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, body := c.get("/")
+		if m := re.FindStringSubmatch(body); m != nil {
+			if got, _ := strconv.Atoi(m[1]); got >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queues page never counted %d done in %s:\n%s", n, queue, body)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the page: no signal to wait on from outside
+	}
+}
+
+// An operator pauses a queue from the queues page, sees it paused in both stores,
+// and resumes it.
+func (b *browser) pause(t *testing.T) {
+	e := newEnv(t, nil)
+	e.enqueue(t, outbox.Task{Queue: "billing", ID: "invoice-1", Payload: []byte(`{}`), Delay: time.Hour})
+	_, run := b.tab(t)
+	var flash, badge string
+	run(login(e),
+		chromedp.Click(`tr[data-queue="billing"] button.pause`, chromedp.ByQuery),
+		chromedp.WaitVisible(`p.flash`, chromedp.ByQuery),
+		chromedp.Text(`p.flash`, &flash, chromedp.ByQuery),
+		chromedp.Text(`tr[data-queue="billing"] [data-paused]`, &badge, chromedp.ByQuery),
+	)
+	if !strings.Contains(flash, "paused") || badge != "paused" {
+		t.Fatalf("after pause: flash %q, badge %q", flash, badge)
+	}
+	if p, err := e.dq.Paused(ctxT(t), "billing"); err != nil || !p {
+		t.Fatalf("Redis: paused %v %v", p, err)
+	}
+	run(chromedp.Click(`tr[data-queue="billing"] button.resume`, chromedp.ByQuery),
+		chromedp.WaitVisible(`tr[data-queue="billing"] button.pause`, chromedp.ByQuery),
+		chromedp.Text(`tr[data-queue="billing"] [data-paused]`, &badge, chromedp.ByQuery))
+	if badge != "running" {
+		t.Fatalf("after resume: %q", badge)
+	}
+	if p, err := e.dq.Paused(ctxT(t), "billing"); err != nil || p {
+		t.Fatalf("Redis after resume: paused %v %v", p, err)
+	}
+}
+
+// An operator fixes a dead task's payload on its page and retries it: a new
+// version runs with the edited payload.
+func (b *browser) editRetry(t *testing.T) {
+	e := newEnv(t, nil)
+	sys := e.runSystem(t, "mail")
+	e.enqueue(t, outbox.Task{Queue: "mail", ID: "invite-7", Payload: []byte(`{"to":"fail@example.com","template":"invite"}`)})
+	e.waitState(t, "mail", "invite-7", taskstate.Dead)
+	_, run := b.tab(t)
+	var buf []byte
+	var flash string
+	run(login(e),
+		chromedp.Navigate(e.srv.URL+"/task?queue=mail&id=invite-7"),
+		chromedp.WaitVisible(`#edit-payload`, chromedp.ByQuery),
+		chromedp.SetValue(`#edit-payload`, "{\n  \"to\": \"ann@example.com\",\n  \"template\": \"invite\"\n}", chromedp.ByQuery),
+		b.screenshot("edit", &buf),
+		chromedp.Click(`#edit-retry`, chromedp.ByQuery),
+		chromedp.WaitVisible(`p.flash`, chromedp.ByQuery),
+		chromedp.Text(`p.flash`, &flash, chromedp.ByQuery),
+	)
+	if !strings.Contains(flash, "edited payload") {
+		t.Fatalf("flash %q", flash)
+	}
+	e.waitState(t, "mail", "invite-7", taskstate.Done)
+	var state, version, payload string
+	run(chromedp.Reload(),
+		chromedp.Text(`#pg-state`, &state, chromedp.ByQuery),
+		chromedp.Text(`#pg-version`, &version, chromedp.ByQuery),
+		chromedp.Text(`#payload pre`, &payload, chromedp.ByQuery))
+	if state != "done" || version != "2" || !strings.Contains(payload, "ann@example.com") {
+		t.Fatalf("after the edited retry: %s v%s, payload %q", state, version, payload)
+	}
+	if _, ok := sys.ran.Load("invite-7"); !ok {
+		t.Fatal("the edited task did not run")
 	}
 }

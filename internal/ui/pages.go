@@ -42,6 +42,8 @@ var flashes = map[string]string{
 	"run-now": "Task due now: the relay moves it to Redis at once.", "retried": "Dead task retried as a new version.",
 	"purged": "Dead task purged from both stores.", "retried-all": "Dead tasks retried.",
 	"purged-all": "Dead tasks purged from both stores.", "checked": "Consistency check done.",
+	"paused": "Queue paused: no worker claims from it until it is resumed.", "resumed": "Queue resumed.",
+	"edited": "Dead task retried with the edited payload, as a new version.",
 }
 
 func (h *Handler) newPage(r *http.Request, who string) *page {
@@ -153,6 +155,11 @@ type queueRow struct {
 	Agree     bool
 	Note      string
 	Total     int64
+	// Paused is Postgres's flag (the truth); RedisPaused what the claim script
+	// reads, which the relay mirrors within seconds.
+	Paused, RedisPaused bool
+	Hour                hourView
+	HistoryErr          string
 }
 
 func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
@@ -163,13 +170,34 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 		h.fail(w, p, http.StatusBadGateway, err)
 		return
 	}
+	ctls, err := h.cfg.Outbox.QueueControls(ctx, h.cfg.DB)
+	if err != nil {
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	paused := map[string]bool{}
+	for _, c := range ctls {
+		paused[c.Queue] = c.Paused
+	}
+	names := make([]string, len(st))
+	for i, s := range st {
+		names[i] = s.Queue
+	}
+	// One pipelined read of every queue's hour, and one of the pause flags Redis holds.
+	hist, histErr := h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...)
+	redisPaused, _ := h.cfg.Redis.PausedMany(ctx, names...)
 	rows := make([]queueRow, len(st))
 	for i, s := range st {
-		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active}
+		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active, Paused: paused[s.Queue], RedisPaused: redisPaused[s.Queue]}
 		for _, n := range s.Postgres {
 			rows[i].Total += n
 		}
 		rows[i].Agree, rows[i].Note = agreeCounts(s)
+		if histErr != nil {
+			rows[i].HistoryErr = histErr.Error()
+		} else {
+			rows[i].Hour = newHourView(hist[s.Queue])
+		}
 	}
 	p.Title = "Queues"
 	p.Refresh = int(h.cfg.Refresh / time.Second)
@@ -397,6 +425,10 @@ type taskData struct {
 	PayloadKind string // json, text, binary
 	Truncated   bool
 	RedisPaySz  int
+	// Editable: a dead task whose whole payload is shown as JSON or text can be
+	// retried with an edited payload.
+	Editable bool
+	EditRows int
 }
 
 func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
@@ -435,6 +467,8 @@ func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
 	if ok && !h.cfg.HidePayloads {
 		d.Truncated = row.PayloadBytes > len(row.Payload)
 		d.Payload, d.PayloadKind = showPayload(row.Payload, d.Truncated)
+		d.Editable = row.State == taskstate.Dead && !d.Truncated && d.PayloadKind != "binary"
+		d.EditRows = min(max(strings.Count(d.Payload, "\n")+2, 4), 30)
 	}
 	h.render(w, p, "task", d)
 }

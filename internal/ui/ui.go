@@ -184,7 +184,7 @@ func (h *Handler) routes() {
 		for name, fn := range map[string]func(http.ResponseWriter, *http.Request, *page){
 			"cancel": h.actCancel, "reschedule": h.actReschedule, "run-now": h.actRunNow,
 			"retry": h.actRetry, "purge": h.actPurge, "retry-all": h.actRetryAll, "purge-all": h.actPurgeAll,
-			"check": h.actCheck,
+			"check": h.actCheck, "pause": h.actPause(true), "resume": h.actPause(false), "edit-retry": h.actEditRetry,
 		} {
 			mux.HandleFunc("POST "+b+"/action/"+name, h.action(fn))
 		}
@@ -281,7 +281,8 @@ func (h *Handler) reads(fn func(http.ResponseWriter, *http.Request, *page)) http
 // action wraps an action: authentication and the CSRF token, always.
 func (h *Handler) action(fn func(http.ResponseWriter, *http.Request, *page)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		// Room for an edited payload (url-encoded, up to 3 bytes a byte).
+		r.Body = http.MaxBytesReader(w, r.Body, int64(max(64<<10, 3*h.cfg.Outbox.Config().MaxPayloadBytes+16<<10)))
 		who, bearer := h.principal(r)
 		if who == "" {
 			h.challenge(w, r)

@@ -375,3 +375,94 @@ func TestMountedUnderAPath(t *testing.T) {
 		}
 	}
 }
+
+// The queues page charts the last hour from the workers' history, and shows and
+// toggles the pause flag in both stores.
+func TestQueuesPageChartsAndPause(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.runSystem(t, "mail")
+	var tasks []outbox.Task
+	for i := range 20 {
+		tasks = append(tasks, outbox.Task{Queue: "mail", ID: fmt.Sprintf("w%02d", i), Payload: []byte(`{}`)})
+	}
+	e.enqueue(t, tasks...)
+	c := e.client(t)
+	c.login()
+	doneRE := regexp.MustCompile(`data-done-hour="(\d+)" data-claims-hour="(\d+)"`)
+	deadline := time.Now().Add(30 * time.Second)
+	var body string
+	for {
+		_, body = c.get("/")
+		if m := doneRE.FindStringSubmatch(body); m != nil && m[1] == "20" && m[2] == "20" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hour never counted 20 done and 20 claims:\n%s", body)
+		}
+		time.Sleep(50 * time.Millisecond) // the acknowledgements follow the commits by a moment
+	}
+	for _, want := range []string{`<svg class="chart throughput"`, `<rect class="bar"`, `<svg class="chart lateness"`,
+		`<path class="p50"`, `<path class="p99"`, `data-paused="false"`, `action="/action/pause"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("queues page lacks %q", want)
+		}
+	}
+	c.act("pause", url.Values{"queue": {"mail"}})
+	if _, body := c.get("/"); !strings.Contains(body, `data-paused="true"`) || !strings.Contains(body, `action="/action/resume"`) {
+		t.Errorf("paused queue not shown paused:\n%s", body)
+	}
+	if p, err := e.dq.Paused(ctxT(t), "mail"); err != nil || !p {
+		t.Errorf("Redis paused %v %v", p, err)
+	}
+	c.act("resume", url.Values{"queue": {"mail"}})
+	if _, body := c.get("/"); !strings.Contains(body, `data-paused="false"`) {
+		t.Error("resumed queue shown paused")
+	}
+	if p, err := e.dq.Paused(ctxT(t), "mail"); err != nil || p {
+		t.Errorf("Redis paused after resume %v %v", p, err)
+	}
+	if resp, _ := c.post("/action/pause", url.Values{"queue": {"mail"}}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("pause without a CSRF token: %s", resp.Status)
+	}
+}
+
+// A dead task's payload edited on its page is retried as a new version; a payload
+// that was JSON must stay JSON, and an edit of a version that moved on is refused.
+func TestEditThenRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.enqueue(t, outbox.Task{Queue: "pay", ID: "o1", Payload: []byte(`{"card":"4111","amount":42}`), Delay: time.Hour},
+		outbox.Task{Queue: "pay", ID: "bin", Payload: []byte{0xff, 0x00, 0xfe}, Delay: time.Hour})
+	e.kill(t, "pay", "o1", "card declined")
+	e.kill(t, "pay", "bin", "bad bytes")
+	c := e.client(t)
+	c.login()
+	_, body := c.get("/task?queue=pay&id=o1")
+	if !strings.Contains(body, `<textarea id="edit-payload" name="payload"`) || !strings.Contains(body, "&#34;card&#34;: &#34;4111&#34;") {
+		t.Fatalf("no edit form with the payload:\n%s", body)
+	}
+	if _, body := c.get("/task?queue=pay&id=bin"); strings.Contains(body, "edit-payload") {
+		t.Error("a binary payload offered for editing")
+	}
+	form := func(version, payload string) url.Values {
+		return url.Values{"queue": {"pay"}, "id": {"o1"}, "version": {version}, "kind": {"json"}, "payload": {payload},
+			"csrf": {c.csrf("/consistency")}}
+	}
+	if resp, body := c.post("/action/edit-retry", form("1", `{"card":`)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "not") {
+		t.Errorf("invalid JSON: %s\n%s", resp.Status, body)
+	}
+	if r := e.row(t, "pay", "o1"); r.State != taskstate.Dead || r.Version != 1 {
+		t.Fatalf("refused edit changed the row: %+v", r)
+	}
+	if resp, body := c.post("/action/edit-retry", form("1", "{\n  \"card\": \"5555\",\n  \"amount\": 42\n}")); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("edit: %s\n%s", resp.Status, body)
+	}
+	row, _, err := e.h.browse.Task(ctxT(t), e.pool, "pay", "o1", 1<<10)
+	if err != nil || row.State != taskstate.Pending || row.Version != 2 || row.Attempt != 0 || string(row.Payload) != `{"card":"5555","amount":42}` {
+		t.Fatalf("after the edit: %+v %v", row, err)
+	}
+	if resp, body := c.post("/action/edit-retry", form("1", `{}`)); resp.StatusCode != http.StatusConflict || !strings.Contains(body, "changed since") {
+		t.Errorf("stale edit: %s\n%s", resp.Status, body)
+	}
+}
