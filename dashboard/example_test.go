@@ -1,0 +1,68 @@
+package dashboard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/dashboard"
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/outbox"
+)
+
+// The dashboard in an application's own server, under /ops/delayq/, beside its
+// other handlers. (It needs PostgreSQL and Redis, so it is compiled, not run.)
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	defer rdb.Close()
+	dq, err := delayq.New(rdb, delayq.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := dashboard.New(dashboard.Config{
+		DB: pool, Redis: dq, Outbox: ob,
+		Token:    os.Getenv("DELAYQ_UI_TOKEN"), // every action needs it, and a CSRF token
+		BasePath: "/ops/delayq",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/delayq/", h)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
+}
+
+// Without credentials the dashboard serves actions to nobody: New refuses, unless
+// it is read-only.
+func ExampleNew_credentials() {
+	rdb := redis.NewClient(&redis.Options{}) // connects at first use
+	defer rdb.Close()
+	dq, _ := delayq.New(rdb, delayq.Config{})
+	ob, _ := outbox.New(outbox.Config{})
+	pool, _ := pgxpool.New(context.Background(), "postgres://localhost/app") // connects at first use
+	defer pool.Close()
+	_, err := dashboard.New(dashboard.Config{DB: pool, Redis: dq, Outbox: ob})
+	fmt.Println(errors.Is(err, dashboard.ErrInvalidConfig))
+	_, err = dashboard.New(dashboard.Config{DB: pool, Redis: dq, Outbox: ob, ReadOnly: true})
+	fmt.Println(err)
+	// Output:
+	// true
+	// <nil>
+}
