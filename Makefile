@@ -20,6 +20,10 @@ servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debi
 demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/REDIS_URL).
 	$(GO) run $(DEVTAGS) ./cmd/delayq demo
 
+.PHONY: demo-ui
+demo-ui: servers ## Watch a live demo workload in the dashboard: http://127.0.0.1:8080 (Ctrl-C stops it).
+	$(GO) run $(DEVTAGS) ./cmd/delayq demo --ui
+
 .PHONY: build
 build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile builds it.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/delayq ./cmd/delayq

@@ -11,11 +11,19 @@ import (
 )
 
 func runDemo(ctx context.Context, m *Main, args []string) error {
+	// demo --ui is delayq ui --demo: a live workload to watch in the browser.
+	for i, a := range args {
+		if a == "--ui" || a == "-ui" {
+			return runUI(ctx, m, append([]string{"--demo"}, append(args[:i:i], args[i+1:]...)...))
+		}
+	}
 	var conn connFlags
 	fs := newFlagSet(m, "demo", "demo [flags]",
 		"  make demo                      # in a checkout: throwaway PostgreSQL and Redis, started and removed for you\n"+
 			"  DATABASE_URL=postgres://localhost/app REDIS_URL=redis://localhost:6379 delayq demo\n"+
 			"                                 # your servers: the demo works in a schema and key prefix of its own and removes them\n"+
+			"  delayq demo --ui               # a live workload (orders, some failing, some dying) to watch on http://127.0.0.1:8080\n"+
+			"                                 # (delayq ui --demo; its flags: --listen, --token, --read-only ...)\n"+
 			"Without the URLs, only a binary built with -tags "+devTag+" (as make demo builds it) starts throwaway servers.\n")
 	conn.register(fs, m, true, true)
 	orders := fs.Int("orders", 3000, "order transactions to attempt")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"net/http"
 
 	"context"
 	"errors"
@@ -162,6 +163,12 @@ func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*side
 // startAdmin serves /metrics, /healthz and /readyz (both servers checked, and the
 // extra checks) on listen; an empty listen serves nothing and returns nil.
 func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger, extra ...sidecar.Check) (*sidecar.Server, error) {
+	return s.startAdminUI(listen, logger, nil, extra...)
+}
+
+// startAdminUI is startAdmin that also serves the dashboard ui (nil: none) under
+// sidecar.UIPath.
+func (s *sidecarDeps) startAdminUI(listen string, logger *slog.Logger, ui http.Handler, extra ...sidecar.Check) (*sidecar.Server, error) {
 	if listen == "" {
 		return nil, nil
 	}
@@ -170,6 +177,7 @@ func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger, extra ...si
 		Gatherer: s.reg,
 		Checks:   append([]sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)}, extra...),
 		Logger:   logger,
+		UI:       ui,
 	})
 }
 

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/delayq/delayq/internal/sidecar"
+	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/relay"
 	"github.com/delayq/delayq/schedule"
 )
@@ -28,13 +30,16 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		repairRate   int
 		repairPause  time.Duration
 		pollOnly     bool
+		withUI       bool
+		uiReadOnly   bool
 	)
 	fs := newFlagSet(m, "relay", "relay [flags]",
 		"  DATABASE_URL=postgres://app@db/app REDIS_URL=redis://cache:6379 delayq relay\n"+
 			"  delayq relay --horizon 10m --listen :9090 --log-format json\n"+
 			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n"+
 			"  delayq relay --schedules schedules.yaml     # also enqueue periodic tasks (see delayq schedules --help)\n"+
-			"  delayq relay --poll-only --poll-interval 1s # behind PgBouncer in transaction mode (no LISTEN)\n")
+			"  delayq relay --poll-only --poll-interval 1s # behind PgBouncer in transaction mode (no LISTEN)\n"+
+			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq relay --ui   # the dashboard too, on http://127.0.0.1:9090/ui/\n")
 	conn.register(fs, m, true, true)
 	fs.DurationVar(&horizon, "horizon", relay.DefaultHorizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
 	fs.IntVar(&batch, "batch", relay.DefaultBatchSize, "most rows one round moves (1..10000)")
@@ -48,6 +53,8 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	fs.DurationVar(&repairPause, "repair-pause", relay.DefaultRepairPause, "pause between two self-healing passes")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&withUI, "ui", false, "also serve the dashboard under /ui/ on the --listen address; its actions need "+uiTokenEnv+" or "+uiBasicEnv+" (or --ui-read-only)")
+	fs.BoolVar(&uiReadOnly, "ui-read-only", false, "with --ui: serve the dashboard without any action")
 	fs.StringVar(&schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -104,6 +111,23 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return usagef("%s", strings.TrimPrefix(err.Error(), relay.ErrInvalidConfig.Error()+": "))
 	}
+	var uiCfg ui.Config
+	if withUI {
+		if listen == "" {
+			return usagef("--ui: serves on the --listen address, which is empty")
+		}
+		// Secure by default, as delayq ui: credentials from the environment, else
+		// no dashboard (a relay prints no token to its logs).
+		uiCfg, err = uiCredentials(m.Getenv(uiTokenEnv), m.Getenv(uiBasicEnv), uiReadOnly)
+		if err != nil {
+			return err
+		}
+		if !uiReadOnly && uiCfg.Token == "" && uiCfg.BasicUser == "" {
+			return usagef("--ui: actions need %s or %s in the environment (or --ui-read-only)", uiTokenEnv, uiBasicEnv)
+		}
+	} else if uiReadOnly {
+		return usagef("--ui-read-only: only with --ui")
+	}
 
 	deps, err := conn.openSidecar(ctx, logger)
 	if err != nil {
@@ -127,7 +151,18 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 		}
 		return nil
 	}}
-	admin, err := deps.startAdmin(listen, logger, consistency)
+	var dash http.Handler
+	if withUI {
+		ob, err := newOutbox(conn.schema)
+		if err != nil {
+			return err
+		}
+		uiCfg.DB, uiCfg.Redis, uiCfg.Outbox, uiCfg.BasePath, uiCfg.Logger = deps.pool, deps.dq, ob, sidecar.UIPath, logger
+		if dash, err = ui.New(uiCfg); err != nil {
+			return usagef("--ui: %s", strings.TrimPrefix(err.Error(), ui.ErrInvalidConfig.Error()+": "))
+		}
+	}
+	admin, err := deps.startAdminUI(listen, logger, dash, consistency)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,10 @@ func TestRelayCommandBadInput(t *testing.T) {
 		{"bad log format", nil, []string{"--log-format", "xml"}, exitUsage, "--log-format"},
 		{"unknown flag", nil, []string{"--nope"}, exitUsage, "nope"},
 		{"argument", nil, []string{"extra"}, exitUsage, "unexpected argument"},
+		{"dashboard without credentials", nil, []string{"--ui"}, exitUsage, "--ui: actions need DELAYQ_UI_TOKEN"},
+		{"dashboard with a short token", map[string]string{"DELAYQ_UI_TOKEN": "short"}, []string{"--ui"}, exitUsage, "at least 16 bytes"},
+		{"dashboard without a listener", nil, []string{"--ui", "--listen", ""}, exitUsage, "--listen address, which is empty"},
+		{"read-only dashboard alone", nil, []string{"--ui-read-only"}, exitUsage, "only with --ui"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		code, stdout, stderr := runRelayCmd(ctx, tc.env, tc.args...)
@@ -186,5 +190,75 @@ func relayWaitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 			t.Fatalf("condition not met within %v", timeout)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// delayq relay --ui serves the dashboard under /ui/ on its admin listener, with
+// the same authentication as delayq ui: pages for all, actions for the token.
+func TestRelayCommandServesUI(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	_, prefix := testenv.Redis(t)
+	const token = "relay-ui-token-0123456789"
+	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "DELAYQ_UI_TOKEN": token}
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &relayOut{}, &relayOut{}
+	done := make(chan int, 1)
+	go func() {
+		m := NewMain(stdout, stderr, func(k string) string { return env[k] })
+		done <- m.Run(ctx, []string{"relay", "--ui", "--listen", "127.0.0.1:0", "--prefix", prefix, "--log-format", "json"})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Errorf("relay exited %d: %s", code, stderr.String())
+		}
+	})
+	addrRE := regexp.MustCompile(`"admin":"(http://127\.0\.0\.1:\d+)"`)
+	var admin string
+	relayWaitFor(t, 30*time.Second, func() bool {
+		if m := addrRE.FindStringSubmatch(stderr.String()); m != nil {
+			admin = m[1]
+			return true
+		}
+		return false
+	})
+	pool := testenv.Pool(t, dbURL)
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Enqueue(context.Background(), pool, outbox.Task{Queue: "mail", ID: "m1", Payload: []byte(`{}`), Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(admin + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `<tr data-queue="mail">`) ||
+		!strings.Contains(string(body), `href="/ui/login"`) || resp.Header.Get("Content-Security-Policy") == "" {
+		t.Fatalf("/ui/: %s\n%s", resp.Status, body)
+	}
+	resp, err = client.PostForm(admin+"/ui/action/pause", map[string][]string{"queue": {"mail"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("pause without credentials: %s", resp.Status)
+	}
+	req, _ := http.NewRequest(http.MethodPost, admin+"/ui/action/pause", strings.NewReader("queue=mail"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/?ok=paused" {
+		t.Errorf("pause with the token: %s %q", resp.Status, resp.Header.Get("Location"))
 	}
 }

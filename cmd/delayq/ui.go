@@ -57,15 +57,11 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	cfg := ui.Config{ReadOnly: *readOnly, HidePayloads: *hide, AuthReads: *authReads, Refresh: *refresh}
-	if *basic != "" {
-		u, p, ok := strings.Cut(*basic, ":")
-		if !ok || u == "" || p == "" {
-			return usagef("--basic-auth: want user:password")
-		}
-		cfg.BasicUser, cfg.BasicPassword = u, p
+	cfg, err := uiCredentials(*token, *basic, *readOnly)
+	if err != nil {
+		return err
 	}
-	cfg.Token = *token
+	cfg.HidePayloads, cfg.AuthReads, cfg.Refresh = *hide, *authReads, *refresh
 	printToken := false
 	if !*readOnly && cfg.Token == "" && cfg.BasicUser == "" {
 		b := make([]byte, 16)
@@ -73,9 +69,6 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 			return err
 		}
 		cfg.Token, printToken = hex.EncodeToString(b), true
-	}
-	if cfg.Token != "" && len(cfg.Token) < 16 {
-		return usagef("--token: at least 16 bytes")
 	}
 	if *demoMode {
 		if cfg.Refresh == 0 {
@@ -253,4 +246,21 @@ func cleanupDemo(pool *pgxpool.Pool, rdb redis.UniversalClient, schema, prefix s
 		return
 	}
 	_ = del(ctx, rdb)
+}
+
+// uiCredentials reads the dashboard's credentials: a token (at least 16 bytes) and
+// basic credentials as user:password, either or both empty.
+func uiCredentials(token, basic string, readOnly bool) (ui.Config, error) {
+	cfg := ui.Config{Token: token, ReadOnly: readOnly}
+	if basic != "" {
+		u, p, ok := strings.Cut(basic, ":")
+		if !ok || u == "" || p == "" {
+			return cfg, usagef("basic credentials (--basic-auth, %s): want user:password", uiBasicEnv)
+		}
+		cfg.BasicUser, cfg.BasicPassword = u, p
+	}
+	if token != "" && len(token) < 16 {
+		return cfg, usagef("token (--token, %s): at least 16 bytes", uiTokenEnv)
+	}
+	return cfg, nil
 }

@@ -23,17 +23,24 @@ import (
 // returns its URL.
 func startUI(t *testing.T, env map[string]string, args ...string) string {
 	t.Helper()
+	return serve(t, env, append([]string{"ui", "--listen", "127.0.0.1:0"}, args...)...)
+}
+
+// serve runs a delayq command that serves the dashboard, in-process until the test
+// ends, and returns the URL it prints.
+func serve(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- NewMain(pw, io.Discard, func(k string) string { return env[k] }).Run(ctx, append([]string{"ui", "--listen", "127.0.0.1:0"}, args...))
+		done <- NewMain(pw, io.Discard, func(k string) string { return env[k] }).Run(ctx, args)
 		pw.Close()
 	}()
 	t.Cleanup(func() {
 		cancel()
 		if code := <-done; code != exitOK {
-			t.Errorf("delayq ui exited %d", code)
+			t.Errorf("delayq %s exited %d", args[0], code)
 		}
 	})
 	sc := bufio.NewScanner(pr)
@@ -44,7 +51,7 @@ func startUI(t *testing.T, env map[string]string, args ...string) string {
 			return strings.TrimSuffix(m[1], "/")
 		}
 	}
-	t.Fatal("delayq ui did not start")
+	t.Fatalf("delayq %s did not start", args[0])
 	return ""
 }
 
@@ -112,5 +119,32 @@ func TestUICountsEqualStats(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(exp) {
 			t.Errorf("%s: UI %v, stats --json %v", s.Queue, got, exp)
 		}
+	}
+}
+
+// delayq demo --ui runs a live workload and serves it: a newcomer sees its queues
+// fill, tasks done and charted, and dead letters appear.
+func TestDemoUI(t *testing.T) {
+	t.Parallel()
+	b := newCLIBundle(t)
+	demoBase := serve(t, b.env, "demo", "--ui", "--listen", "127.0.0.1:0", "--read-only")
+	done := regexp.MustCompile(`<tr data-queue="charge">[\s\S]*?data-done-hour="(\d+)"`)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get(demoBase + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		page := string(body)
+		if m := done.FindStringSubmatch(page); m != nil && m[1] != "0" && strings.Contains(page, `<tr data-queue="email">`) &&
+			strings.Contains(page, `<meta http-equiv="refresh" content="2">`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the demo's dashboard never showed charge tasks done:\n%s", page)
+		}
+		time.Sleep(200 * time.Millisecond) // the demo's workload runs on its own clock
 	}
 }

@@ -5,6 +5,7 @@
 //	/healthz   200 while the process is up (liveness)
 //	/readyz    200 when every check passes (PostgreSQL and Redis reachable),
 //	           503 with the failing checks otherwise (readiness)
+//	/ui/       the operator's dashboard, when Config.UI is set (delayq relay --ui)
 //
 // It listens on loopback by default (127.0.0.1:9090): metrics and health are for
 // the machine's own agents unless the operator chooses to expose them.
@@ -74,7 +75,13 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives server errors. Default: discard.
 	Logger *slog.Logger
+	// UI, when set, is served under /ui/: the dashboard (package internal/ui),
+	// built with BasePath "/ui" and its own authentication. Default none.
+	UI http.Handler
 }
+
+// UIPath is where Config.UI is mounted (its BasePath).
+const UIPath = "/ui"
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
@@ -190,9 +197,14 @@ func (s *Server) Handler() http.Handler {
 		io.WriteString(w, "ok\n") //nolint:errcheck // the client went away
 	})
 	mux.HandleFunc("GET /readyz", s.ready)
+	index := "delayq admin: /metrics /healthz /readyz\n"
+	if s.cfg.UI != nil {
+		mux.Handle(UIPath+"/", s.cfg.UI)
+		index = "delayq admin: /metrics /healthz /readyz " + UIPath + "/\n"
+	}
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, "delayq admin: /metrics /healthz /readyz\n") //nolint:errcheck // the client went away
+		io.WriteString(w, index) //nolint:errcheck // the client went away
 	})
 	return mux
 }
