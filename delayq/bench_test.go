@@ -144,3 +144,38 @@ func evalUsec(b *testing.B, c *Client) int64 {
 	}
 	return total
 }
+
+// BenchmarkHistory reads an hour of 20 queues' history (the dashboard's charts):
+// 1,200 HGETALLs in one pipelined round trip, each minute with a done count and
+// claims in a dozen lateness buckets.
+func BenchmarkHistory(b *testing.B) {
+	c := benchClient(b)
+	ctx := context.Background()
+	now := time.Now()
+	queues := make([]string, 20)
+	for q := range queues {
+		queues[q] = fmt.Sprintf("queue-%d", q)
+		k, err := c.Keys(queues[q])
+		if err != nil {
+			b.Fatal(err)
+		}
+		pipe := c.rdb.Pipeline()
+		for m := now.Unix()/60 - 59; m <= now.Unix()/60; m++ {
+			key := fmt.Sprintf("%s%d", k.History, m)
+			pipe.HIncrBy(ctx, key, "d", 3000)
+			for bucket := 20; bucket < 32; bucket++ {
+				pipe.HIncrBy(ctx, key, fmt.Sprintf("l%d", bucket), int64(250+bucket))
+			}
+			pipe.Expire(ctx, key, HistoryRetention)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		h, err := c.History(ctx, now, 60, queues...)
+		if err != nil || len(h) != 20 || h["queue-0"][59].Done != 3000 {
+			b.Fatalf("%v %v", err, len(h))
+		}
+	}
+}

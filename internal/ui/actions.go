@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
@@ -242,7 +243,8 @@ func (h *Handler) actCheck(w http.ResponseWriter, r *http.Request, p *page) {
 }
 
 // actPause pauses or resumes a queue as delayq queue pause does: Postgres first
-// (the truth), then the Redis flag the claim script reads, keyed by the version.
+// (the truth), then the controls the claim script reads (the pause and the rate
+// limit, as Postgres holds them), keyed by the version.
 func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request, *page) {
 	return func(w http.ResponseWriter, r *http.Request, p *page) {
 		q := r.PostForm.Get("queue")
@@ -256,12 +258,12 @@ func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request,
 		if paused {
 			set, ok = h.cfg.Outbox.PauseQueue, "paused"
 		}
-		v, err := set(ctx, h.cfg.DB, q)
+		c, err := set(ctx, h.cfg.DB, q)
 		if err != nil {
 			h.fail(w, p, http.StatusBadGateway, err)
 			return
 		}
-		if _, err := h.cfg.Redis.SetPaused(ctx, q, v, paused); err != nil {
+		if _, err := h.cfg.Redis.SetControls(ctx, q, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate}); err != nil {
 			h.fail(w, p, http.StatusBadGateway, fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", ok, err))
 			return
 		}

@@ -292,7 +292,7 @@ func (b *browser) pause(t *testing.T) {
 	if !strings.Contains(flash, "paused") || badge != "paused" {
 		t.Fatalf("after pause: flash %q, badge %q", flash, badge)
 	}
-	if p, err := e.dq.Paused(ctxT(t), "billing"); err != nil || !p {
+	if p, err := e.redisPaused(t, "billing"); err != nil || !p {
 		t.Fatalf("Redis: paused %v %v", p, err)
 	}
 	run(chromedp.Click(`tr[data-queue="billing"] button.resume`, chromedp.ByQuery),
@@ -301,7 +301,7 @@ func (b *browser) pause(t *testing.T) {
 	if badge != "running" {
 		t.Fatalf("after resume: %q", badge)
 	}
-	if p, err := e.dq.Paused(ctxT(t), "billing"); err != nil || p {
+	if p, err := e.redisPaused(t, "billing"); err != nil || p {
 		t.Fatalf("Redis after resume: paused %v %v", p, err)
 	}
 }

@@ -232,3 +232,10 @@ func (e *env) waitState(t *testing.T, queue, id string, st taskstate.State) {
 func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }
 
 func mustReq(path string) *http.Request { return httptest.NewRequest(http.MethodGet, path, nil) }
+
+// redisPaused reports whether Redis holds queue paused (what the claim script reads).
+func (e *env) redisPaused(t *testing.T, queue string) (bool, error) {
+	t.Helper()
+	ctl, _, err := e.dq.Controls(ctxT(t), queue)
+	return ctl.Paused, err
+}

@@ -412,14 +412,14 @@ func TestQueuesPageChartsAndPause(t *testing.T) {
 	if _, body := c.get("/"); !strings.Contains(body, `data-paused="true"`) || !strings.Contains(body, `action="/action/resume"`) {
 		t.Errorf("paused queue not shown paused:\n%s", body)
 	}
-	if p, err := e.dq.Paused(ctxT(t), "mail"); err != nil || !p {
+	if p, err := e.redisPaused(t, "mail"); err != nil || !p {
 		t.Errorf("Redis paused %v %v", p, err)
 	}
 	c.act("resume", url.Values{"queue": {"mail"}})
 	if _, body := c.get("/"); !strings.Contains(body, `data-paused="false"`) {
 		t.Error("resumed queue shown paused")
 	}
-	if p, err := e.dq.Paused(ctxT(t), "mail"); err != nil || p {
+	if p, err := e.redisPaused(t, "mail"); err != nil || p {
 		t.Errorf("Redis paused after resume %v %v", p, err)
 	}
 	if resp, _ := c.post("/action/pause", url.Values{"queue": {"mail"}}); resp.StatusCode != http.StatusForbidden {
