@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -21,7 +22,7 @@ import (
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
 // finished rows. Create it with New and start it with Run.
 type Relay struct {
-	pool  *pgxpool.Pool
+	pool  DB
 	dq    *delayq.Client
 	cfg   Config
 	store *taskstate.Store
@@ -43,10 +44,23 @@ type Relay struct {
 	heal healState
 }
 
-// New returns a Relay on pool (the outbox database) and dq (the Redis side). cfg is
-// completed with WithDefaults and validated; the metrics are registered on
-// cfg.Registerer.
-func New(pool *pgxpool.Pool, dq *delayq.Client, cfg Config) (*Relay, error) {
+// DB is what a Relay needs of Postgres: statements, transactions (its rounds,
+// reconcile's repairs) and connections it holds (LISTEN, the healing leader's
+// advisory lock). *pgxpool.Pool satisfies it, and so does a wrapper of one.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+var _ DB = (*pgxpool.Pool)(nil)
+
+// New returns a Relay on pool (the outbox database: a *pgxpool.Pool, or anything
+// that is a DB) and dq (the Redis side). cfg is completed with WithDefaults and
+// validated; the metrics are registered on cfg.Registerer.
+func New(pool DB, dq *delayq.Client, cfg Config) (*Relay, error) {
 	if pool == nil || dq == nil {
 		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
 	}

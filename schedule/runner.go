@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayq/delayq/outbox"
 )
@@ -63,10 +63,16 @@ type Result struct {
 	LastTick, NextTick time.Time
 }
 
+// DB is what RunOnce needs of Postgres: *pgxpool.Pool satisfies it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // RunOnce evaluates every schedule once: in one transaction per schedule, it
 // enqueues the ticks due by now + Lookahead that were not enqueued yet, applies
 // the missed-tick policy, and advances the schedule's last tick.
-func (r *Runner) RunOnce(ctx context.Context, pool *pgxpool.Pool) ([]Result, error) {
+func (r *Runner) RunOnce(ctx context.Context, pool DB) ([]Result, error) {
 	out := make([]Result, 0, len(r.sch))
 	var errs []error
 	for i := range r.sch {
@@ -84,7 +90,7 @@ func (r *Runner) RunOnce(ctx context.Context, pool *pgxpool.Pool) ([]Result, err
 // every tick is enqueued at least that long before it falls due.
 func (r *Runner) Wait() time.Duration { return r.cfg.Lookahead / 2 }
 
-func (r *Runner) evaluate(ctx context.Context, pool *pgxpool.Pool, s *compiled) (Result, error) {
+func (r *Runner) evaluate(ctx context.Context, pool DB, s *compiled) (Result, error) {
 	res := Result{Name: s.Name}
 	// A new schedule starts at the database's now: no tick before it is missed.
 	if _, err := pool.Exec(ctx, `INSERT INTO `+r.table+` (name, queue, spec, last_tick)
