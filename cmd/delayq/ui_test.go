@@ -81,8 +81,9 @@ func TestUICountsEqualStats(t *testing.T) {
 	if err := ob.Cancel(ctx, b.pool, "q0", "t3"); err != nil {
 		t.Fatal(err)
 	}
-	// Redis counts too: tasks due now and later, straight into Redis.
-	if _, err := b.dq.Enqueue(ctx, "q1", delayq.Task{ID: "r1"}, delayq.Task{ID: "r2", RunAt: time.Now().Add(time.Hour)}); err != nil {
+	// Redis counts too: tasks due now, later and overdue, straight into Redis.
+	if _, err := b.dq.Enqueue(ctx, "q1", delayq.Task{ID: "r1"}, delayq.Task{ID: "r2", RunAt: time.Now().Add(time.Hour)},
+		delayq.Task{ID: "r3", RunAt: time.Now().Add(-2 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	r := b.run(t, "stats", "--json", "--prefix", b.prefix)
@@ -112,7 +113,7 @@ func TestUICountsEqualStats(t *testing.T) {
 			got[m[1]] = n
 		}
 		exp := map[string]int64{"redis_ready": s.Ready, "redis_due_now": s.DueNow, "redis_active": s.Active,
-			"redis_expired_leases": s.ExpiredLeases, "redis_dead": s.Dead}
+			"redis_expired_leases": s.ExpiredLeases, "redis_dead": s.Dead, "redis_overdue": s.Overdue}
 		for st, n := range s.Postgres {
 			exp[st] = n
 		}
