@@ -35,11 +35,17 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 		}
 	}
 	q := QueueConfig{}.WithDefaults()
-	if q.Concurrency != 10 || q.Backoff.Base != time.Second || q.Backoff.Max != time.Hour || q.MaxAttempts != 0 {
+	if q.Concurrency != 10 || q.Backoff.Base != time.Second || q.Backoff.Max != time.Hour || q.MaxAttempts != 0 ||
+		q.GroupCommit != (GroupCommit{}) {
 		t.Errorf("queue defaults %+v", q)
+	}
+	if g := (QueueConfig{GroupCommit: GroupCommit{MaxTasks: 64}}).WithDefaults().GroupCommit; g.MaxWait != 2*time.Millisecond {
+		t.Errorf("group commit defaults %+v", g)
 	}
 	for _, bad := range []QueueConfig{
 		{Concurrency: -1}, {Concurrency: 1001}, {MaxAttempts: -1},
+		{GroupCommit: GroupCommit{MaxTasks: -1}}, {GroupCommit: GroupCommit{MaxTasks: MaxGroupTasks + 1}},
+		{GroupCommit: GroupCommit{MaxTasks: 8, MaxWait: -time.Millisecond}},
 		{Backoff: Backoff{Base: time.Microsecond}}, {Backoff: Backoff{Base: time.Minute, Max: time.Second}},
 	} {
 		if err := bad.WithDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
@@ -117,6 +123,9 @@ func TestRegistrationAndRunErrors(t *testing.T) {
 	}
 	if err := w.Handle("q", nop, QueueConfig{Concurrency: -1}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("bad queue config: %v", err)
+	}
+	if err := w.Handle("q", nop, QueueConfig{GroupCommit: GroupCommit{MaxTasks: 8}}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("group commit of a plain handler: %v", err)
 	}
 	if err := w.Handle("q", nop, QueueConfig{}); err != nil {
 		t.Fatal(err)

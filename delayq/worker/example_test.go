@@ -140,3 +140,16 @@ func ExampleMiddleware() {
 	fmt.Println(cfg.Validate())
 	// Output: <nil>
 }
+
+// Group commit for a queue of short transactional handlers: up to 32 tasks share a
+// transaction (a commit, one disk flush, for all of them), each in a savepoint of
+// its own, so a failing one is retried alone. 128 slots make four groups at once,
+// each on a connection of the pool.
+func ExampleGroupCommit() {
+	cfg := worker.QueueConfig{
+		Concurrency: 128,
+		GroupCommit: worker.GroupCommit{MaxTasks: 32, MaxWait: 2 * time.Millisecond},
+	}
+	fmt.Println(cfg.Validate())
+	// Output: <nil>
+}

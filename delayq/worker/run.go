@@ -32,12 +32,27 @@ type run struct {
 	// failure is the error fail recorded (nil when the run did not fail).
 	failure error
 	hbOff   func() // stops the heartbeats (idempotent)
+	// ctx is the handler's, cancelled (stop) with ErrLeaseLost when the lease
+	// is lost and with ErrShutdown after the shutdown timeout; octx is the
+	// observer's, which ctx derives from.
+	ctx, octx context.Context
+	stop      context.CancelCauseFunc
+	start     time.Time // the handler's start, for the run's duration
 }
 
 // run executes a claimed task and does its bookkeeping. hard is cancelled when the
 // shutdown timeout has passed. It returns the task, how the run ended, and its
 // failure (nil unless it failed).
 func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
+	r := w.startRun(hard, q, ct, claimedAt, slot)
+	o := r.execute(r.ctx)
+	r.finish(o)
+	return r.t, o, r.failure
+}
+
+// startRun counts a claimed task as in flight and starts its heartbeats; finish
+// ends it.
+func (w *Worker) startRun(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) *run {
 	maxAttempts := ct.MaxAttempts
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
 		maxAttempts = q.cfg.MaxAttempts
@@ -48,23 +63,26 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 	}}
 	w.stats.claimed.Add(1)
 	w.stats.inFlight.Add(1)
-	defer w.stats.inFlight.Add(-1)
+	r.octx = w.obs.RunStart(hard, r.t)
+	r.ctx, r.stop = context.WithCancelCause(r.octx)
+	r.hbOff = r.heartbeat(r.ctx, r.stop)
+	r.start = time.Now()
+	return r
+}
 
-	octx := w.obs.RunStart(hard, r.t)
-	ctx, cancel := context.WithCancelCause(octx)
-	defer cancel(nil)
-	r.hbOff = r.heartbeat(ctx, cancel)
-	defer r.hbOff()
-
-	start := time.Now()
-	o := r.execute(ctx)
-	w.obs.RunEnd(context.WithoutCancel(octx), r.t, RunEndEvent{
-		Outcome: Outcome(o), Err: r.failure, LeaseLost: r.lost.Load(), Duration: time.Since(start),
+// finish ends a run with its outcome and frees its slot.
+func (r *run) finish(o outcome) {
+	w := r.w
+	w.obs.RunEnd(context.WithoutCancel(r.octx), r.t, RunEndEvent{
+		Outcome: Outcome(o), Err: r.failure, LeaseLost: r.lost.Load(), Duration: time.Since(r.start),
 	})
 	if f := w.hooks.finished; f != nil {
 		f(r.t, o)
 	}
-	return r.t, o, r.failure
+	r.hbOff()
+	r.stop(nil)
+	w.stats.inFlight.Add(-1)
+	r.slot()
 }
 
 // execute runs the handler and settles the task; it returns the outcome.

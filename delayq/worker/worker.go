@@ -111,7 +111,8 @@ type queue struct {
 	handlers
 	// mws is the run's middleware: the worker's Recover, Config.Middleware,
 	// QueueConfig.Middleware.
-	mws []Middleware
+	mws   []Middleware
+	group *groups // while Run runs, with QueueConfig.GroupCommit
 }
 
 // New returns a Worker that runs tasks from Redis (dq), records their completion
@@ -185,6 +186,11 @@ func (w *Worker) register(name string, cfg QueueConfig, h handlers) error {
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("queue %q: %w", name, err)
 	}
+	if h.tx == nil && cfg.GroupCommit.enabled() {
+		// A plain handler's completions are batched already (completer.go); a
+		// database/sql transaction cannot share a pgx connection's.
+		return fmt.Errorf("%w: queue %q: GroupCommit is for pgx transactional handlers (HandleTx, RegisterTx)", ErrInvalidConfig, name)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.running {
@@ -248,15 +254,33 @@ func (w *Worker) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	runs := newRunners(runnerIdle)
 	for _, q := range queues {
+		if q.tx != nil && q.cfg.GroupCommit.enabled() {
+			q.group = newGroups(w, q, hard)
+		}
+	}
+	for _, q := range queues {
 		loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, runs) })
 	}
 	w.log.Info("worker: started", "queues", len(queues), "lease", w.cfg.Lease)
 	<-ctx.Done()
 	loops.Wait() // no claim after this: no more runs
 	runs.stop()
+	for _, q := range queues {
+		if q.group != nil {
+			q.group.close()
+		}
+	}
 
 	done := make(chan struct{})
-	go func() { runs.wait(); close(done) }()
+	go func() {
+		runs.wait()
+		for _, q := range queues {
+			if q.group != nil {
+				q.group.wait()
+			}
+		}
+		close(done)
+	}()
 	if inFlight := w.stats.inFlight.Load(); inFlight > 0 {
 		w.log.Info("worker: shutting down", "in_flight", inFlight, "timeout", w.cfg.ShutdownTimeout)
 	}
@@ -345,11 +369,12 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 		}
 		free(n - len(cl.Tasks))
 		for _, ct := range cl.Tasks {
-			runs.Go(func() {
-				slot := sync.OnceFunc(func() { free(1) })
-				defer slot()
-				w.run(hard, q, ct, cl.Now, slot)
-			})
+			slot := sync.OnceFunc(func() { free(1) })
+			if q.group != nil {
+				q.group.add(w.startRun(hard, q, ct, cl.Now, slot))
+				continue
+			}
+			runs.Go(func() { w.run(hard, q, ct, cl.Now, slot) })
 		}
 		var wait time.Duration
 		switch {

@@ -71,6 +71,7 @@ type system struct {
 	prefix              string
 	queues              []string
 	doneRetention       time.Duration  // delayq.Config.DoneRetention of every component (0: the default)
+	groupCommit         int            // worker.GroupCommit.MaxTasks of every worker (0: off)
 	admin               *pgxpool.Pool  // producer and checker
 	rdb                 *redis.Client  // on directURL
 	dq                  *delayq.Client // on rdb
@@ -172,10 +173,13 @@ func workerConfig(log *slog.Logger) worker.Config {
 	}
 }
 
-func queueConfig() worker.QueueConfig {
+// queueConfig is every worker's queue configuration; group is
+// GroupCommit.MaxTasks (0: off).
+func queueConfig(group int) worker.QueueConfig {
 	return worker.QueueConfig{
 		Concurrency: workerConc,
 		Backoff:     worker.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		GroupCommit: worker.GroupCommit{MaxTasks: group},
 	}
 }
 
@@ -224,7 +228,7 @@ func (s *system) runWorker(name string, hooks ...redis.Hook) {
 		t.Fatal(err)
 	}
 	for _, q := range s.queues {
-		if err := w.HandleTx(q, effectHandler(name), queueConfig()); err != nil {
+		if err := w.HandleTx(q, effectHandler(name), queueConfig(s.groupCommit)); err != nil {
 			t.Fatal(err)
 		}
 	}

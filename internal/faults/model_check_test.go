@@ -262,7 +262,7 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 		case oRetryAfter:
 			least = d
 		case oError, oPanic:
-			least, _ = modelQueueConfig().Backoff.Bounds(prev.attempt)
+			least, _ = modelQueueConfig("").Backoff.Bounds(prev.attempt)
 		default:
 			continue // success, no-retry, slow: a next attempt comes from a lost lease
 		}

@@ -180,11 +180,18 @@ func modelWorkerConfig(log *slog.Logger) worker.Config {
 	}
 }
 
-func modelQueueConfig() worker.QueueConfig {
-	return worker.QueueConfig{
+// modelQueueConfig is the queue configuration of the model's worker named name:
+// the second worker commits its runs in groups (worker.GroupCommit), the first
+// one by one, so that every run checks both paths against the same model.
+func modelQueueConfig(name string) worker.QueueConfig {
+	cfg := worker.QueueConfig{
 		Concurrency: 4,
 		Backoff:     worker.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	}
+	if strings.HasPrefix(name, modelWorkerRole+"1-") {
+		cfg.GroupCommit = worker.GroupCommit{MaxTasks: 4, MaxWait: 5 * time.Millisecond}
+	}
+	return cfg
 }
 
 func modelRelayConfig(log *slog.Logger) relay.Config {
@@ -229,7 +236,7 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 		return err
 	}
 	for _, q := range strings.Split(os.Getenv(envQueues), ",") {
-		if err := w.HandleTx(q, modelHandler(name, seed, pool), modelQueueConfig()); err != nil {
+		if err := w.HandleTx(q, modelHandler(name, seed, pool), modelQueueConfig(name)); err != nil {
 			return err
 		}
 	}

@@ -39,6 +39,8 @@ const (
 	// envDoneRetention is delayq.Config.DoneRetention (time.Duration's String;
 	// empty: the default).
 	envDoneRetention = "DELAYQ_FAULTS_DONE_RETENTION"
+	// envGroupCommit is worker.GroupCommit.MaxTasks (empty: off).
+	envGroupCommit = "DELAYQ_FAULTS_GROUP_COMMIT"
 	// envDie makes a relay kill itself with SIGKILL at a point of its Nth round:
 	// "redis:N" right after the Redis write of the round returned, "commit:N" as
 	// the round's COMMIT is about to be sent. Both are between the Redis write and
@@ -99,12 +101,16 @@ func workerProcess(ctx context.Context, name string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	group, err := strconv.Atoi(cmp.Or(os.Getenv(envGroupCommit), "0"))
+	if err != nil {
+		return fmt.Errorf("bad %s: %w", envGroupCommit, err)
+	}
 	w, err := worker.New(pool, dq, ob, workerConfig(log))
 	if err != nil {
 		return err
 	}
 	for _, q := range queues {
-		if err := w.HandleTx(q, effectHandler(name), queueConfig()); err != nil {
+		if err := w.HandleTx(q, effectHandler(name), queueConfig(group)); err != nil {
 			return err
 		}
 	}
@@ -213,7 +219,7 @@ func (s *system) spawn(role, name, dieAt string) (*child, error) {
 	cmd.Env = append(os.Environ(),
 		envRole+"="+role, envName+"="+name, envPG+"="+s.pgURL, envRedis+"="+s.redisURL,
 		envPrefix+"="+s.prefix, envQueues+"="+strings.Join(s.queues, ","), envDie+"="+dieAt,
-		envDoneRetention+"="+s.doneRetention.String())
+		envDoneRetention+"="+s.doneRetention.String(), envGroupCommit+"="+strconv.Itoa(s.groupCommit))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c := &child{name: name, cmd: cmd, done: make(chan struct{}), logPath: filepath.Join(s.logDir, name+".log")}
 	logf, err := os.Create(c.logPath)

@@ -21,10 +21,24 @@ const (
 )
 
 // Worker processes SIGKILLed at random points while a load runs, and started
-// again: the tasks they held run again after their lease, once in effect.
+// again: the tasks they held run again after their lease, once in effect. Also
+// with group commit, where a kill lands between the savepoints of a group.
 func TestWorkerKill(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t, "worker-kill", testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
+	for _, sc := range []struct {
+		name  string
+		group int
+	}{{"worker-kill", 0}, {"worker-kill-group", 8}} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			workerKill(t, sc.name, sc.group)
+		})
+	}
+}
+
+func workerKill(t *testing.T, scenario string, group int) {
+	s := newSystem(t, scenario, testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
+	s.groupCommit = group
 	ctx := s.ctx()
 	s.runRelay("relay")
 	workers := s.startFleet("worker", 2)
