@@ -21,7 +21,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags
 	var about strings.Builder
 	for _, w := range bench.Workloads() {
-		fmt.Fprintf(&about, "  %-14s %s\n", w, bench.About(w))
+		fmt.Fprintf(&about, "  %-20s %s\n", w, bench.About(w))
 	}
 	fs := newFlagSet(m, "bench", "bench [flags] [workload ...]",
 		"  delayq bench                       # every workload on throwaway servers (fsync on)\n"+

@@ -20,7 +20,7 @@ import (
 // transaction with the first run it takes and gives every run a savepoint of its
 // own, opened together with the run's completion guard in one round trip:
 //
-//	BEGIN (the first) or RELEASE SAVEPOINT (the others); SAVEPOINT; guard
+//	BEGIN (the first run only); SAVEPOINT; guard
 //	the handler's statements
 //	ROLLBACK TO SAVEPOINT, when the handler failed
 //	... the next runs, until MaxTasks, MaxWait, or no run can join ...
@@ -171,10 +171,11 @@ func (g *groups) step(c *pgx.Conn, r *run, begun bool) (m member, broken error) 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), w.cfg.OpTimeout)
 	defer cancel()
 
+	// The savepoints nest (each run's inside the one before), which saves a
+	// RELEASE a run: ROLLBACK TO rolls back to the innermost, this run's, and the
+	// COMMIT commits them all.
 	b := &pgx.Batch{}
-	if begun {
-		b.Queue("RELEASE SAVEPOINT " + groupSavepoint)
-	} else {
+	if !begun {
 		b.Queue("BEGIN")
 	}
 	var saved, applied bool
@@ -189,7 +190,7 @@ func (g *groups) step(c *pgx.Conn, r *run, begun bool) (m member, broken error) 
 	if err := c.SendBatch(ctx, b).Close(); err != nil {
 		m.err = fmt.Errorf("record completion: %w", err)
 		if !saved {
-			// Rolling back to the savepoint would roll back the run before.
+			// Rolling back to the savepoint would roll back the runs before.
 			return m, m.err
 		}
 		return m, g.rollback(ctx, c, err)

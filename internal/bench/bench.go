@@ -95,7 +95,8 @@ func Workloads() []string {
 		names = append(names, n)
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
-		"drain-plain": 5, "lateness": 6, "memory": 7, "recovery": 8, "redis-loss": 9, "redis-loss-restart": 10, "redis-loss-failover": 11, "idle": 12, "rate-limit": 13, "bounds": 14, "soak": 15}
+		"drain-tx-group": 5, "drain-tx-write-group": 6, "drain-plain": 7, "lateness": 8, "memory": 9, "recovery": 10,
+		"redis-loss": 11, "redis-loss-restart": 12, "redis-loss-failover": 13, "idle": 14, "rate-limit": 15, "bounds": 16, "soak": 17}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

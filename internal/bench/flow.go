@@ -233,12 +233,21 @@ const (
 	writeSQL   = "INSERT INTO " + writeTable + " (task_id) VALUES ($1)"
 )
 
+// groupCommit is the group-commit workloads' queue setting: groups of up to 64
+// tasks, four at once (each on a connection of its own).
+var groupCommit = worker.QueueConfig{Concurrency: 256, GroupCommit: worker.GroupCommit{MaxTasks: 64}}
+
 // drain: tasks due now already in Redis (and queued in the outbox), 32 handler
-// slots; tasks per second until every one is done.
-func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) error {
+// slots (or groupCommit's); tasks per second until every one is done.
+func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *Result) error {
 	return func(ctx context.Context, s *session, r *Result) error {
 		n := s.n(20_000)
-		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, 32, kind != drainPlain
+		qc := worker.QueueConfig{Concurrency: 32}
+		if group {
+			qc = groupCommit
+			r.Params["group_max_tasks"], r.Params["group_max_wait"] = qc.GroupCommit.MaxTasks, qc.WithDefaults().GroupCommit.MaxWait.String()
+		}
+		r.Params["tasks"], r.Params["concurrency"], r.Params["transactional"] = n, qc.Concurrency, kind != drainPlain
 		if kind == drainTxWrite {
 			if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
 				return err
@@ -271,7 +280,6 @@ func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) erro
 			return err
 		}
 		var calls atomic.Int64
-		qc := worker.QueueConfig{Concurrency: 32}
 		name := "drain_tx"
 		switch kind {
 		case drainTx:
@@ -305,6 +313,9 @@ func drain(kind drainKind) func(ctx context.Context, s *session, r *Result) erro
 		done, err := s.countState(ctx, "done")
 		if err != nil {
 			return err
+		}
+		if group {
+			name += "_group"
 		}
 		r.add(name, float64(n)/elapsed.Seconds(), "tasks/s")
 		// What the finished tasks left in Redis: their keys (none by default: a

@@ -155,7 +155,7 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 			bad("not-finished", "row %s v%d after the settle", row.state, row.version)
 		}
 		// Retention never deletes a dead row: a version planned to die is still there.
-		if st, _, ok := m.expected(mt); !hasRow && ok && st == "dead" && !(m.killedSince(mt.since) && !cleanRuns(mt, runs)) {
+		if st, _, ok := m.expected(mt); !hasRow && ok && st == "dead" && !m.lostByKill(mt, runs) {
 			bad("postgres", "no row, but its planned outcomes %s end dead, and retention keeps dead rows", m.planned(mt))
 		}
 	case kCancelled:
@@ -178,7 +178,7 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 	}
 	if hasRow && (mt.k == kOpen || mt.k == kMaybeGone || mt.k == kDone || mt.k == kDead) {
 		st, attempt, ok := m.expected(mt)
-		if ok && m.killedSince(mt.since) && !cleanRuns(mt, runs) {
+		if ok && m.lostByKill(mt, runs) {
 			ok = false // a worker kill may have lost a run of this version
 		}
 		if ok {
@@ -282,6 +282,22 @@ func (m *model) killedSince(t time.Time) bool {
 
 // cleanRuns reports whether the recorded runs of mt's current version are the
 // attempts a0+1, a0+2, ... in order, each once: no run was lost.
+// lostByKill reports whether a worker kill may have lost the outcome of a run of
+// t's current version: a kill since, and runs that skip an attempt (a claim lost
+// with its worker) or that ran in a group (whose failures and completion wait
+// for the group's commit, so a recorded run's outcome may die with its process).
+func (m *model) lostByKill(mt *mtask, runs []modelRun) bool {
+	if !m.killedSince(mt.since) {
+		return false
+	}
+	for _, r := range runs {
+		if r.inc == mt.inc && r.version == mt.version && strings.HasPrefix(r.worker, modelGroupWorker) {
+			return true
+		}
+	}
+	return !cleanRuns(mt, runs)
+}
+
 func cleanRuns(mt *mtask, runs []modelRun) bool {
 	next := mt.a0 + 1
 	for _, r := range runs { // in claim order

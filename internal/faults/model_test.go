@@ -173,12 +173,24 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool) worker.TxHandler {
 	}
 }
 
-func modelWorkerConfig(log *slog.Logger) worker.Config {
+// modelWorkerConfig is the configuration of the model's worker named name. The
+// group-commit worker heartbeats: its runs wait for the handlers ahead of them in
+// their group (a slow one among them), and without heartbeats their leases
+// would run out meanwhile, which the model does not plan. (A slow run is one
+// whose outcome the model does not predict, heartbeats or not.)
+func modelWorkerConfig(log *slog.Logger, name string) worker.Config {
+	hb := time.Duration(-1)
+	if strings.HasPrefix(name, modelGroupWorker) {
+		hb = modelLease / 3
+	}
 	return worker.Config{
-		Lease: modelLease, HeartbeatInterval: -1, ShutdownTimeout: 2 * time.Second,
+		Lease: modelLease, HeartbeatInterval: hb, ShutdownTimeout: 2 * time.Second,
 		OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, Logger: log,
 	}
 }
+
+// modelGroupWorker names the model's worker that commits in groups (the second).
+const modelGroupWorker = modelWorkerRole + "1-"
 
 // modelQueueConfig is the queue configuration of the model's worker named name:
 // the second worker commits its runs in groups (worker.GroupCommit), the first
@@ -188,7 +200,7 @@ func modelQueueConfig(name string) worker.QueueConfig {
 		Concurrency: 4,
 		Backoff:     worker.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	}
-	if strings.HasPrefix(name, modelWorkerRole+"1-") {
+	if strings.HasPrefix(name, modelGroupWorker) {
 		cfg.GroupCommit = worker.GroupCommit{MaxTasks: 4, MaxWait: 5 * time.Millisecond}
 	}
 	return cfg
@@ -231,7 +243,7 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(pool, dq, ob, modelWorkerConfig(log))
+	w, err := worker.New(pool, dq, ob, modelWorkerConfig(log, name))
 	if err != nil {
 		return err
 	}
