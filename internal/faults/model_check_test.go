@@ -151,7 +151,7 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 			bad("postgres", "row %s v%d, the model says it was deleted", row.state, row.version)
 		}
 	case kMaybeGone:
-		if hasRow && row.state != "done" && row.state != "dead" {
+		if hasRow && !modelFinished(row.state) {
 			bad("not-finished", "row %s v%d after the settle", row.state, row.version)
 		}
 		// Retention never deletes a dead row: a version planned to die is still there.
@@ -167,7 +167,7 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 		switch {
 		case !hasRow:
 			bad("postgres", "no row, the model holds it %s", mt.k)
-		case row.state != "done" && row.state != "dead":
+		case !modelFinished(row.state):
 			bad("not-finished", "row %s v%d attempt %d after the settle (committed, not cancelled)", row.state, row.version, row.attempt)
 		case want != "" && row.state != want:
 			bad("postgres", "row %s, the model knows it %s", row.state, want)
@@ -442,3 +442,7 @@ func (v *violations) String() string {
 	}
 	return b.String()
 }
+
+// modelFinished tells a row a run finished: done, dead, or cancelled by its
+// handler (run-cancel).
+func modelFinished(state string) bool { return state == "done" || state == "dead" || state == "cancelled" }

@@ -409,6 +409,8 @@ func (m *model) learn(t *mtask, op, st, msg string) {
 	case st == "dead" && (t.k == kOpen || t.k == kMaybeGone || t.k == kDead):
 		t.k = kDead
 	case st == "cancelled" && t.k == kCancelled:
+	case st == "cancelled" && (t.k == kOpen || t.k == kMaybeGone):
+		t.k = kCancelled // its run cancelled it (run-cancel); the check compares with the plan
 	case st == "live" && (t.k == kOpen || t.k == kMaybeGone):
 		t.k = kOpen
 	default:
@@ -650,6 +652,8 @@ func (m *model) expected(t *mtask) (state string, attempt int, certain bool) {
 			return "done", a - 1, true
 		case oNoRetry:
 			return "dead", a, true
+		case oCancel:
+			return "cancelled", a, true
 		case oSlow:
 			return "", 0, false
 		}

@@ -100,10 +100,11 @@ const (
 	oNoRetry                       // returns worker.NoRetry: dead at once
 	oPanic                         // panics
 	oSlow                          // sleeps past its lease, then writes its effect and returns nil
+	oCancel                        // writes its effect, then returns worker.Cancel: cancelled, rolled back
 )
 
 func (o outcomeKind) String() string {
-	return [...]string{"success", "error", "retry-after", "no-retry", "panic", "slow"}[o]
+	return [...]string{"success", "error", "retry-after", "no-retry", "panic", "slow", "cancel"}[o]
 }
 
 // plan is the outcome of the run of task queue/id (incarnation inc) at version
@@ -115,8 +116,10 @@ func plan(seed uint64, queue, id string, inc, version, attempt int) (outcomeKind
 	r := rand.New(rand.NewPCG(seed, h.Sum64()))
 	d := time.Duration(100+r.IntN(500)) * time.Millisecond
 	switch n := r.IntN(100); {
-	case n < 58:
+	case n < 55:
 		return oSuccess, 0
+	case n < 58:
+		return oCancel, 0
 	case n < 70:
 		return oError, 0
 	case n < 79:
@@ -164,6 +167,11 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool) worker.TxHandler {
 			return worker.NoRetry(errPlanned)
 		case oPanic:
 			panic("model: planned panic")
+		case oCancel:
+			if err := effect(); err != nil {
+				return err
+			}
+			return worker.Cancel(errPlanned)
 		default: // oSlow: heartbeats are off, so the lease expires meanwhile
 			if !pause(ctx, modelSlow) {
 				return ctx.Err()
