@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html/template"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,14 +59,16 @@ func throughputSVG(ms []delayq.Minute) template.HTML {
 		chartW, chartH+12, chartW, chartH+12, top)
 	fmt.Fprintf(&b, `<title>tasks done a minute, last hour (most %d)</title>`, top)
 	fmt.Fprintf(&b, `<line class="axis" x1="0" y1="%d" x2="%d" y2="%d"/>`, chartH, chartW, chartH)
+	var w svgWriter // the loops append: a page draws thousands of these
 	for i, m := range ms {
 		if m.Done == 0 || top == 0 {
 			continue
 		}
 		hgt := math.Max(1, float64(m.Done)/float64(top)*float64(chartH-2))
-		fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %d done</title></rect>`,
-			float64(i)*barW, float64(chartH)-hgt, barW-0.6, hgt, hhmm(m.Start), m.Done)
+		w.s(`<rect class="bar" x="`).f(float64(i) * barW).s(`" y="`).f(float64(chartH) - hgt).s(`" width="`).f(barW - 0.6).
+			s(`" height="`).f(hgt).s(`"><title>`).s(hhmm(m.Start)).s(`: `).n(m.Done).s(` done</title></rect>`)
 	}
+	b.Write(w)
 	label(&b, ms, fmt.Sprintf("%d/min", top))
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers and fixed words only
@@ -101,7 +104,7 @@ func latenessSVG(ms []delayq.Minute) template.HTML {
 		class string
 		q     []time.Duration
 	}{{"p99", p99}, {"p50", p50}} {
-		var path, dots strings.Builder // a lone minute shows as its dot
+		var path, dots svgWriter
 		pen := false
 		for i := range ms {
 			if !has[i] {
@@ -113,20 +116,28 @@ func latenessSVG(ms []delayq.Minute) template.HTML {
 				cmd = "M"
 			}
 			x := (float64(i) + 0.5) * barW
-			fmt.Fprintf(&path, "%s%.1f %.1f", cmd, x, y(s.q[i]))
-			fmt.Fprintf(&dots, `<circle class="%s" cx="%.1f" cy="%.1f" r="1.8"/>`, s.class, x, y(s.q[i]))
+			path.s(cmd).f(x).s(" ").f(y(s.q[i]))
+			if !pen && (i+1 == len(ms) || !has[i+1]) { // a lone minute: a line of one point shows nothing
+				dots.s(`<circle class="`).s(s.class).s(`" cx="`).f(x).s(`" cy="`).f(y(s.q[i])).s(`" r="1.8"/>`)
+			}
 			pen = true
 		}
-		if path.Len() > 0 {
-			fmt.Fprintf(&b, `<path class="%s" d="%s"/>%s`, s.class, path.String(), dots.String())
+		if len(path) > 0 {
+			b.WriteString(`<path class="` + s.class + `" d="`)
+			b.Write(path)
+			b.WriteString(`"/>`)
+			b.Write(dots)
 		}
 	}
+	var w svgWriter
 	for i := range ms {
 		if has[i] {
-			fmt.Fprintf(&b, `<rect class="hover" x="%.1f" y="0" width="%.1f" height="%d"><title>%s: p50 %s, p99 %s, %d claims</title></rect>`,
-				float64(i)*barW, barW, chartH, hhmm(ms[i].Start), short(p50[i]), short(p99[i]), ms[i].Lateness.Count())
+			w.s(`<rect class="hover" x="`).f(float64(i) * barW).s(`" y="0" width="`).f(barW).s(`" height="`).n(chartH).
+				s(`"><title>`).s(hhmm(ms[i].Start)).s(`: p50 `).s(short(p50[i])).s(`, p99 `).s(short(p99[i])).s(`, `).
+				n(ms[i].Lateness.Count()).s(` claims</title></rect>`)
 		}
 	}
+	b.Write(w)
 	label(&b, ms, "≤ "+short(time.Duration(math.Pow(10, decades))*time.Millisecond))
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers and fixed words only
@@ -142,3 +153,13 @@ func label(b *strings.Builder, ms []delayq.Minute, top string) {
 	fmt.Fprintf(b, `<text class="tick end" x="%d" y="%d">%s</text>`, chartW, chartH+11, hhmm(ms[len(ms)-1].Start))
 	fmt.Fprintf(b, `<text class="tick" x="2" y="9">%s</text>`, template.HTMLEscapeString(top))
 }
+
+// svgWriter appends SVG markup: fixed strings and numbers only.
+type svgWriter []byte
+
+func (w *svgWriter) s(x string) *svgWriter { *w = append(*w, x...); return w }
+
+// f writes x with one decimal, as %.1f would.
+func (w *svgWriter) f(x float64) *svgWriter { *w = strconv.AppendFloat(*w, x, 'f', 1, 64); return w }
+
+func (w *svgWriter) n(x int64) *svgWriter { *w = strconv.AppendInt(*w, x, 10); return w }

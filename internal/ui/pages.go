@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -170,22 +171,34 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 		h.fail(w, p, http.StatusBadGateway, err)
 		return
 	}
-	ctls, err := h.cfg.Outbox.QueueControls(ctx, h.cfg.DB)
-	if err != nil {
-		h.fail(w, p, http.StatusBadGateway, err)
+	names := make([]string, len(st))
+	for i, s := range st {
+		names[i] = s.Queue
+	}
+	// The controls from Postgres, and from Redis every queue's hour (one pipelined
+	// read) and pause flag, side by side.
+	var (
+		ctls        []taskstate.QueueControl
+		ctlErr      error
+		hist        map[string][]delayq.Minute
+		histErr     error
+		redisPaused map[string]bool
+		wg          sync.WaitGroup
+	)
+	wg.Go(func() { ctls, ctlErr = h.cfg.Outbox.QueueControls(ctx, h.cfg.DB) })
+	wg.Go(func() {
+		hist, histErr = h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...)
+		redisPaused, _ = h.cfg.Redis.PausedMany(ctx, names...) // a missing flag shows as Postgres's
+	})
+	wg.Wait()
+	if ctlErr != nil {
+		h.fail(w, p, http.StatusBadGateway, ctlErr)
 		return
 	}
 	paused := map[string]bool{}
 	for _, c := range ctls {
 		paused[c.Queue] = c.Paused
 	}
-	names := make([]string, len(st))
-	for i, s := range st {
-		names[i] = s.Queue
-	}
-	// One pipelined read of every queue's hour, and one of the pause flags Redis holds.
-	hist, histErr := h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...)
-	redisPaused, _ := h.cfg.Redis.PausedMany(ctx, names...)
 	rows := make([]queueRow, len(st))
 	for i, s := range st {
 		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active, Paused: paused[s.Queue], RedisPaused: redisPaused[s.Queue]}
