@@ -30,8 +30,11 @@ import (
 // clients), drain-tx's (32 clients: the guard alone, as the worker sends it for a
 // handler that wrote nothing) and drain-tx-write's (32 clients: BEGIN with the
 // handler's insert, then the guard with COMMIT, each pair pipelined, as the worker
-// sends them), and redis-benchmark running the issue's three-command script (32
-// clients). The SQL is captured from a real Enqueue and a real worker run, so it is
+// sends them), the group-commit workloads' (8 clients: groups of 64 runs, each
+// run's savepoint and guard one round trip, with the insert after it for
+// drain-tx-write-group, one COMMIT a group; in tasks/s), the same group in one
+// round trip (what the group's round trips cost), and redis-benchmark running the
+// issue's three-command script (32 clients). The SQL is captured from a real Enqueue and a real worker run, so it is
 // delayq's, whatever it becomes. These are what Postgres and Redis do alone: no
 // delayq process runs meanwhile.
 func bounds(ctx context.Context, s *session, r *Result) error {
@@ -57,7 +60,7 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 	// run's transaction (which aborts the worker's transaction) is left out, or it
 	// would end the pgbench client.
 	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, payload, max_attempts, state)
-SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $2::int) AS g`, payload20, rows); err != nil {
+SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 4 * $2::int) AS g`, payload20, rows); err != nil {
 		return err
 	}
 	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {
@@ -88,6 +91,41 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $
 			"\\startpipeline\nBEGIN;\n%s;\n\\endpipeline\n"+
 			"\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n", rows+1, 2*rows, write, guardNoAbort),
 	}
+	// The group-commit workloads' transactions: groupTasks runs, each a pipeline
+	// of its savepoint and guard (and, writing, its INSERT after), then one
+	// COMMIT; rows 2*rows+1..3*rows and 3*rows+1..4*rows, in blocks of groupTasks.
+	groupTasks := groupCommit.GroupCommit.MaxTasks
+	// group-pipelined.sql sends group.sql's statements in one round trip: what
+	// Postgres does for a group when the round trips a run are not counted.
+	for _, g := range []struct {
+		name            string
+		first           int
+		write, pipeline bool
+	}{{"group.sql", 2 * rows, false, false}, {"group-write.sql", 3 * rows, true, false}, {"group-pipelined.sql", 2 * rows, false, true}} {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\\set id random(0, %d)\n", max(rows/groupTasks-1, 0))
+		if g.pipeline {
+			b.WriteString("\\startpipeline\n")
+		}
+		b.WriteString("BEGIN;\n")
+		for k := range groupTasks {
+			id := fmt.Sprintf("('g-' || (%d + :id * %d + %d))", g.first+1, groupTasks, k)
+			guard := strings.Replace(oneLine(guardAlone), "('g-' || :id)", id, 1)
+			if g.pipeline {
+				fmt.Fprintf(&b, "SAVEPOINT delayq_group;\n%s;\n", guard)
+				continue
+			}
+			fmt.Fprintf(&b, "\\startpipeline\nSAVEPOINT delayq_group;\n%s;\n\\endpipeline\n", guard)
+			if g.write {
+				fmt.Fprintf(&b, "%s;\n", strings.Replace(write, "('g-' || :id)", id, 1))
+			}
+		}
+		b.WriteString("COMMIT;\n")
+		if g.pipeline {
+			b.WriteString("\\endpipeline\n")
+		}
+		scripts[g.name] = b.String()
+	}
 	for name, body := range scripts {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			return err
@@ -100,10 +138,17 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 2 * $
 		{"enqueue_tx_bound", "enqueue.sql", 8},
 		{"drain_tx_bound", "guard.sql", 32},
 		{"drain_tx_write_bound", "write.sql", 32},
+		{"drain_tx_group_bound", "group.sql", 8},
+		{"drain_tx_write_group_bound", "group-write.sql", 8},
+		{"drain_tx_group_one_round_trip_bound", "group-pipelined.sql", 8},
 	} {
 		tps, err := runPgbench(ctx, pgbench, s.env.DatabaseURL, filepath.Join(dir, b.script), b.clients, secs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.figure, err)
+		}
+		if strings.HasPrefix(b.script, "group") {
+			r.add(b.figure, tps*float64(groupTasks), "tasks/s")
+			continue
 		}
 		r.add(b.figure, tps, "tx/s")
 	}
