@@ -162,6 +162,8 @@ func (c *Client) checkTask(t Task, maxPayload int) error {
 		return fmt.Errorf("%w: %q: Attempt %d: 0..%d", ErrInvalidTask, t.ID, t.Attempt, validate.MaxAttempts)
 	case t.Version < 0 || t.Version > validate.MaxVersion:
 		return fmt.Errorf("%w: %q: Version %d: 0..2^31-1", ErrInvalidTask, t.ID, t.Version)
+	case validate.TraceContext(t.TraceContext) != nil:
+		return fmt.Errorf("%w: %q: %w", ErrInvalidTask, t.ID, validate.TraceContext(t.TraceContext))
 	case !t.RunAt.IsZero() && (t.RunAt.UnixMilli() < 0 || t.RunAt.UnixMilli() > 1e14):
 		return fmt.Errorf("%w: %q: RunAt %v out of range", ErrInvalidTask, t.ID, t.RunAt)
 	}

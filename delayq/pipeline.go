@@ -126,7 +126,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
 func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
-	args := make([]any, 0, 3+6*len(tasks))
+	args := make([]any, 0, 3+7*len(tasks))
 	replace := "0"
 	if replaceFinished {
 		replace = "1"
@@ -144,7 +144,7 @@ func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
 		if ver == 0 {
 			ver = 1
 		}
-		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver)
+		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext)
 	}
 	return args
 }

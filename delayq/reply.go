@@ -121,7 +121,7 @@ func parseEnqueue(v any, n int) ([]EnqueueStatus, error) {
 // The claim reply: a head of claimHead elements, then claimGroup per task.
 const (
 	claimHead  = 5
-	claimGroup = 7
+	claimGroup = 8
 )
 
 func parseClaim(v any, queue string) (Claim, error) {
@@ -196,6 +196,9 @@ func parseClaim(v any, queue string) (Claim, error) {
 			return Claim{}, err
 		}
 		if t.Due, err = scoreField(g[6], "claim due"); err != nil {
+			return Claim{}, err
+		}
+		if t.TraceContext, err = asString(g[7], "claim trace"); err != nil {
 			return Claim{}, err
 		}
 		c.Tasks[i] = t

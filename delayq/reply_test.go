@@ -76,7 +76,7 @@ func encodeReply(v any) []byte {
 var validReplies = []any{
 	[]any{int64(1), int64(0), int64(2)}, // enqueue
 	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0),
-		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500"}, // claim
+		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, // claim
 	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
 	"1700000060.123", // extend
 	int64(0),         // lease lost
@@ -96,9 +96,13 @@ func FuzzParseReplies(f *testing.F) {
 			t.Fatalf("parseEnqueue: %d statuses for %d", len(st), n)
 		}
 		if c, err := parseClaim(v, "q"); err == nil {
-			for _, task := range c.Tasks {
+			for i, task := range c.Tasks {
 				if task.Queue != "q" {
 					t.Fatal("queue not set")
+				}
+				// The trace context is the group's last field, as sent.
+				if got := v.([]any)[claimHead+i*claimGroup+claimGroup-1]; got != task.TraceContext {
+					t.Fatalf("task %d: trace context %q, reply field %#v", i, task.TraceContext, got)
 				}
 			}
 		} else if !errors.Is(err, ErrUnexpectedReply) {
@@ -127,6 +131,7 @@ func TestParseValidReplies(t *testing.T) {
 	}
 	c, err := parseClaim(validReplies[1], "q")
 	if err != nil || c.NextDue != -1 || len(c.Tasks) != 1 || c.Tasks[0].Token != "tok.1" ||
+		c.Tasks[0].TraceContext != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" ||
 		!c.Tasks[0].Due.Equal(time.UnixMilli(1699999999500)) || !c.Tasks[0].LeaseUntil.Equal(time.Unix(1700000060, 0)) {
 		t.Errorf("claim %+v %v", c, err)
 	}
@@ -167,6 +172,14 @@ func TestParseMalformedReplies(t *testing.T) {
 		{"enqueue count", func() error { _, err := parseEnqueue([]any{int64(1)}, 2); return err }},
 		{"enqueue code", func() error { _, err := parseEnqueue([]any{int64(7)}, 1); return err }},
 		{"claim short", func() error { _, err := parseClaim([]any{int64(1)}, "q"); return err }},
+		{"claim trace", func() error {
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0", int64(7)}, "q")
+			return err
+		}},
+		{"claim group of 7", func() error {
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0"}, "q")
+			return err
+		}},
 		{"claim count", func() error {
 			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), "id"}, "q")
 			return err

@@ -34,7 +34,7 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	b.rdb.ZAdd(ctx, b.k.Active, redisZ("act", 1)) // expired, so reap would act
 	k, w := b.k, b.k.Wake
 	long := strings.Repeat("e", 4097)
-	task := func(id, due, max, attempt, ver string) []any { return []any{id, due, "payload", max, attempt, ver} }
+	task := func(id, due, max, attempt, ver string) []any { return []any{id, due, "payload", max, attempt, ver, ""} }
 	cat := func(parts ...[]any) []any {
 		var out []any
 		for _, p := range parts {
@@ -86,7 +86,7 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"enqueue", s.enqueue, enq, cat([]any{w, "1", "0"}, good, []any{"extra"})},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "1", "2"}, good)},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "1", ""}, good)},
-		{"enqueue", s.enqueue, enq, cat([]any{w, "1", "0"}, good[:5])},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "1", "0"}, good[:6])},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("", "now", "3", "0", "1"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task(strings.Repeat("i", 201), "now", "3", "0", "1"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "1e9", "3", "0", "1"))},
@@ -103,6 +103,7 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "-1", "1"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "0", "0"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "0", "2147483648"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, []any{"n2", "now", "payload", "3", "0", "1", strings.Repeat("c", 513)})},
 
 		{"claim", s.claim, enq, nil},
 		{"claim", s.claim, enq, []any{"0", "1000", "base"}},

@@ -1,9 +1,13 @@
 package delayq
 
 import (
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // TestTaskHashLeavesOutDefaults checks the layout Keys.TaskKey documents: a new task
@@ -84,5 +88,51 @@ func TestTaskHashExplicitFields(t *testing.T) {
 	cl := b.claim(t, 10, time.Minute)
 	if len(cl.Tasks) != 1 || cl.Tasks[0].MaxAttempts != 3 || cl.Tasks[0].Version != 4 || string(cl.Tasks[0].Payload) != "x" {
 		t.Fatalf("claimed %+v", cl.Tasks)
+	}
+}
+
+// TestTraceContext: a task's trace context is kept in field c only when given (a
+// task without one keeps its one-field hash), handed out by claim, replaced or
+// dropped with a new version, and refused past 512 bytes or outside printable
+// ASCII before anything is written.
+func TestTraceContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb).Add(-time.Second)
+	const tc = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 vendor=a;b"
+	b.enqueue(t,
+		Task{ID: "traced", Payload: []byte("p"), RunAt: now, TraceContext: tc},
+		Task{ID: "plain", Payload: []byte("p"), RunAt: now},
+		Task{ID: "dropped", Payload: []byte("p"), RunAt: now, TraceContext: tc},
+	)
+	for id, want := range map[string]map[string]string{
+		"traced": {"p": "p", "c": tc},
+		"plain":  {"p": "p"},
+	} {
+		if got, err := b.rdb.HGetAll(ctx, b.k.TaskKey(id)).Result(); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("hash of %s = %v (%v), want %v", id, got, err, want)
+		}
+	}
+	// A new version replaces the trace context, or drops it.
+	if st := b.enqueue(t, Task{ID: "plain", RunAt: now, Version: 2, TraceContext: "x"},
+		Task{ID: "dropped", RunAt: now, Version: 2}); st[0] != Replaced || st[1] != Replaced {
+		t.Fatalf("replace: %v", st)
+	}
+	got := map[string]string{}
+	for _, ct := range b.claim(t, 10, time.Minute).Tasks {
+		got[ct.ID] = ct.TraceContext
+	}
+	if want := map[string]string{"traced": tc, "plain": "x", "dropped": ""}; !reflect.DeepEqual(got, want) {
+		t.Errorf("claimed trace contexts %v, want %v", got, want)
+	}
+	for _, bad := range []string{strings.Repeat("c", 513), "a\nb", "\x00", "é"} {
+		_, err := b.c.Enqueue(ctx, "q", Task{ID: "bad", Payload: []byte("p"), TraceContext: bad})
+		if !errors.Is(err, ErrInvalidTask) || !errors.Is(err, validate.ErrInvalidTraceContext) {
+			t.Errorf("trace context %q: %v, want ErrInvalidTask and ErrInvalidTraceContext", bad, err)
+		}
+	}
+	if n, _ := b.rdb.Exists(ctx, b.k.TaskKey("bad")).Result(); n != 0 {
+		t.Error("a refused task was written")
 	}
 }

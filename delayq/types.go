@@ -20,6 +20,11 @@ type Task struct {
 	// Version is the outbox version (0 means 1). A higher version replaces a task
 	// that is still ready or active.
 	Version int
+	// TraceContext is the trace context of the enqueue, opaque to delayq (package
+	// delayqotel writes and reads it), handed to the worker with the claim: at most
+	// 512 bytes of printable ASCII; "" for none (the task hash then has no field
+	// for it).
+	TraceContext string
 }
 
 // EnqueueStatus tells what Enqueue did with one task.
@@ -79,6 +84,8 @@ type ClaimedTask struct {
 	Due time.Time
 	// LeaseUntil is the lease deadline by the Redis clock.
 	LeaseUntil time.Time
+	// TraceContext is the one given at enqueue ("" for none).
+	TraceContext string
 }
 
 // Lease names one claimed run of a task for CompleteMany: the task id and the

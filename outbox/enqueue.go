@@ -67,9 +67,9 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	if err := c.Validate(t); err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	w := c.row(t)
+	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts},
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace},
 		func(scan func(...any) error) error {
 			var notified int64
 			res.Duplicate = false
@@ -129,6 +129,7 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		delays   = make([]time.Duration, 0, len(tasks))
 		payloads = make([][]byte, 0, len(tasks))
 		attempts = make([]int32, 0, len(tasks))
+		traces   []*string // nil while no task has a trace context
 	)
 	for _, i := range order {
 		t := &tasks[i]
@@ -138,20 +139,26 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 			continue
 		}
 		sent = append(sent, i)
-		w := c.row(*t)
+		w := c.row(ctx, *t)
 		queues = append(queues, w.queue)
 		ids = append(ids, w.id)
 		runAts = append(runAts, w.runAt)
 		delays = append(delays, time.Duration(w.delayUS)*time.Microsecond)
 		payloads = append(payloads, w.payload)
 		attempts = append(attempts, w.maxAttempts)
+		if w.trace != nil && traces == nil {
+			traces = make([]*string, len(sent)-1, len(tasks))
+		}
+		if traces != nil {
+			traces = append(traces, w.trace)
+		}
 	}
 	var (
 		inserted int64
 		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
 		named    map[key]bool
 	)
-	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts},
+	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces},
 		func(scan func(...any) error) error {
 			var (
 				n, notified int64

@@ -29,6 +29,9 @@ var (
 	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or
 	// one above 2^31-1.
 	ErrInvalidMaxAttempts = errors.New("invalid max attempts")
+	// ErrInvalidTraceContext reports a Task.TraceContext longer than 512 bytes or
+	// with a byte outside printable ASCII (same value as in validate).
+	ErrInvalidTraceContext = validate.ErrInvalidTraceContext
 	// ErrInvalidConfig reports an invalid Config field, or an invalid argument to a
 	// worker-side call (version, attempt).
 	ErrInvalidConfig = errors.New("invalid outbox config")

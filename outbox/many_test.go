@@ -99,8 +99,13 @@ func TestEnqueueManyPlan(t *testing.T) {
 	n := 1000
 	q, ids, payloads := make([]string, n), make([]string, n), make([][]byte, n)
 	runAts, delays, attempts := make([]*time.Time, n), make([]time.Duration, n), make([]int32, n)
+	traces := make([]*string, n) // some with a trace context, as a batch may have
 	for i := range n {
 		q[i], ids[i], payloads[i], delays[i], attempts[i] = "plan", fmt.Sprintf("t-%04d", i), []byte{}, time.Hour, 25
+		if i%3 == 0 {
+			tc := fmt.Sprintf("00-%032x-%016x-01", i+1, i+1)
+			traces[i] = &tc
+		}
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -109,7 +114,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var plan []byte
 	err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+b.client.EnqueueManyStatement(),
-		q, ids, runAts, delays, payloads, attempts).Scan(&plan)
+		q, ids, runAts, delays, payloads, attempts, traces).Scan(&plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +161,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 		return
 	}
 	// And the order is the arrays' order: the rows land in heap order as sent.
-	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts); err != nil {
+	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts, traces); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := tx.Query(ctx, `SELECT task_id FROM delayq_outbox WHERE queue = 'plan' ORDER BY ctid`)

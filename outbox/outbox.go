@@ -101,6 +101,13 @@ type Config struct {
 	// cancelled, for payloads holding data that should not outlive the task. Dead tasks
 	// keep theirs, since a person may run them again. Default false.
 	ClearPayloadOnDone bool
+	// TraceContext, when set, is called at every enqueue of a task that sets no
+	// Task.TraceContext, with the enqueue's context: what it returns (a W3C
+	// traceparent, say: package delayqotel's TraceContext) is stored with the task
+	// and handed to its worker, so that the run continues the enqueue's trace. A
+	// result that is not a valid trace context (see Task.TraceContext) is dropped,
+	// never an error. Default nil: none.
+	TraceContext func(ctx context.Context) string
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

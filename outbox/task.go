@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -31,6 +32,10 @@ type Task struct {
 	// MaxAttempts bounds the executions before the task is dead. 0 means
 	// Config.DefaultMaxAttempts (25 by default); negative is an error.
 	MaxAttempts int
+	// TraceContext is stored with the task and handed to its worker (Task's
+	// TraceContext there), opaque to delayq: at most 512 bytes of printable ASCII.
+	// Empty means Config.TraceContext's, if set, else none.
+	TraceContext string
 }
 
 // JSON encodes v as a payload.
@@ -74,6 +79,9 @@ func (c *Client) Validate(t Task) error {
 	if t.MaxAttempts < 0 || t.MaxAttempts > MaxAttempts {
 		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, MaxAttempts, c.cfg.DefaultMaxAttempts)
 	}
+	if err := validate.TraceContext(t.TraceContext); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -94,9 +102,11 @@ type row struct {
 	delayUS     int64
 	payload     []byte // never nil: pgx would send NULL
 	maxAttempts int32
+	trace       *string // nil: none (NULL)
 }
 
-func (c *Client) row(t Task) row {
+// row makes the row of t, enqueued with ctx.
+func (c *Client) row(ctx context.Context, t Task) row {
 	r := row{
 		queue:       t.Queue,
 		id:          t.ID,
@@ -113,6 +123,15 @@ func (c *Client) row(t Task) row {
 	}
 	if r.maxAttempts == 0 {
 		r.maxAttempts = int32(c.cfg.DefaultMaxAttempts)
+	}
+	tc := t.TraceContext
+	if tc == "" && c.cfg.TraceContext != nil {
+		if tc = c.cfg.TraceContext(ctx); validate.TraceContext(tc) != nil {
+			tc = "" // tracing never fails an enqueue
+		}
+	}
+	if tc != "" {
+		r.trace = &tc
 	}
 	return r
 }

@@ -184,6 +184,7 @@ type row struct {
 	attempt     int32
 	maxAttempts int32
 	version     int32
+	trace       *string // the enqueue's trace context, NULL for none
 }
 
 // round moves one batch: lock due rows and mark them queued (one statement),
@@ -213,7 +214,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
 		var x row
-		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version)
+		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace)
 		return x, err
 	})
 	if err != nil {
@@ -237,6 +238,9 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		t := delayq.Task{
 			ID: x.id, Payload: x.payload, RunAt: x.runAt,
 			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
+		}
+		if x.trace != nil {
+			t.TraceContext = *x.trace
 		}
 		// A row no Redis key can hold (written by hand or by an older version) is
 		// set dead with the reason, and the round goes on without it.

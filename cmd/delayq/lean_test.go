@@ -62,7 +62,8 @@ func TestLeanBinary(t *testing.T) {
 // TestLeanLibraries: the packages applications import (every package of the module
 // outside cmd/, internal/ and examples/: outbox, delayq, worker, relay, reconcile,
 // migrations, schedule, the test kit, the OpenTelemetry adapter, and any added
-// later) depend on no throwaway test server, no dockertest and no Docker client.
+// later) depend on no throwaway test server, no dockertest and no Docker client,
+// and only the adapter on OpenTelemetry.
 // (The test kit gives a test a database and a prefix on the user's own servers.)
 func TestLeanLibraries(t *testing.T) {
 	t.Parallel()
@@ -98,6 +99,9 @@ func TestLeanLibraries(t *testing.T) {
 				strings.HasPrefix(d, "github.com/docker/"), strings.HasPrefix(d, "github.com/moby/"),
 				d == "github.com/delayq/delayq/internal/tempserver", d == "github.com/delayq/delayq/internal/testenv":
 				t.Errorf("%s depends on %s: a library package must not (applications would link it)", lib, d)
+			}
+			if strings.HasPrefix(d, "go.opentelemetry.io/") && lib != "github.com/delayq/delayq/delayqotel" {
+				t.Errorf("%s depends on %s: only the delayqotel adapter imports OpenTelemetry", lib, d)
 			}
 		}
 	}

@@ -25,8 +25,8 @@
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
 --
--- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 7:
---           id, payload, attempt, max_attempts, version, token, due }
+-- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 8:
+--           id, payload, attempt, max_attempts, version, token, due, trace }
 --   next_ms      ms from now until the earliest task still in ready falls due:
 --                0 if one is due already, -1 if ready is empty
 --   rate_ms      when tasks are still due (next_ms 0) but the rate limit allows no
@@ -85,7 +85,7 @@ if #due > 0 then
   for i = 1, #due, 2 do
     local id = due[i]
     local h = KEYS[3] .. id
-    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a')
+    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c')
     -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
     -- is ready, no m is 25, no v is 1.
     if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
@@ -104,6 +104,7 @@ if #due > 0 then
       out[k + 6] = token
       local due_ms = math.floor(tonumber(due[i + 1]) * 1000 + 0.5)
       out[k + 7] = fmt(due_ms)
+      out[k + 8] = f[6] or ''
       local b = 'l' .. hist_bucket(now - due_ms)
       hist[b] = (hist[b] or 0) + 1
     end

@@ -18,23 +18,26 @@
 --          locked as pending: a done or dead hash of the id, of any version, is then
 --          an earlier life of the id (a reused id after retention, a task retried
 --          from dead) and is replaced; "0" otherwise
--- then for task k = 0..n-1, ARGV[4+6k] .. ARGV[9+6k]:
+-- then for task k = 0..n-1, ARGV[4+7k] .. ARGV[10+7k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
 --   max_attempts  1..1000000 (validate.MaxAttempts)
 --   attempt       0..1000000, attempts already used (0 for a new task)
 --   version       1..2147483647, the outbox version
+--   trace         0..512 bytes, the trace context of the enqueue (opaque; "" for none),
+--                 kept in field c only when given, and handed to the worker by claim
 --
 -- Returns an array of n integers: 1 added, 0 duplicate, 2 replaced (higher version).
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
 -- queue moved earlier. Malformed ARGV: an error reply, nothing written.
 
 -- A new task's hash holds its payload and only the fields that differ from their
--- defaults (absent s = "r", a = 0, m = 25, v = 1; see Keys.TaskKey): with a small
--- payload the hash is a 32-byte listpack instead of a 48-byte one.
-local function write_new(h, payload, max, ver, attempt)
+-- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey): with a
+-- small payload the hash is a 32-byte listpack instead of a 48-byte one.
+local function write_new(h, payload, max, ver, attempt, trace)
   local f = { 'p', payload }
+  if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
   if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
   if ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = ver end
   if attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = attempt end
@@ -47,7 +50,7 @@ local function head()
   return nil
 end
 
-local W = 6
+local W = 7
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
 if #ARGV ~= 3 + W * n then return fail('expected ' .. (3 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -81,6 +84,7 @@ for k = 0, n - 1 do
   if int(ARGV[b + 3], 1, 1000000) == nil then return fail('task ' .. k .. ': max_attempts must be an integer in 1..1000000') end
   if int(ARGV[b + 4], 0, 1000000) == nil then return fail('task ' .. k .. ': attempt must be an integer in 0..1000000') end
   if int(ARGV[b + 5], 1, 2147483647) == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
+  if #ARGV[b + 6] > 512 then return fail('task ' .. k .. ': trace context must have 0..512 bytes') end
 end
 
 local before = head()
@@ -93,11 +97,12 @@ for i = 1, n do
   local b = 4 + W * (i - 1)
   local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local trace = ARGV[b + 6]
   local h = KEYS[3] .. id
   local cur = redis.call('HMGET', h, 's', 'v', 'p')
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
-    write_new(h, payload, max, ver, attempt)
+    write_new(h, payload, max, ver, attempt, trace)
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
@@ -119,6 +124,11 @@ for i = 1, n do
       redis.call('HSET', h, 'a', attempt)
     else
       redis.call('HDEL', h, 'a')
+    end
+    if trace ~= '' then
+      redis.call('HSET', h, 'c', trace)
+    else
+      redis.call('HDEL', h, 'c')
     end
     z[#z + 1] = score
     z[#z + 1] = id

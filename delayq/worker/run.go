@@ -60,6 +60,7 @@ func (w *Worker) startRun(hard context.Context, q *queue, ct delayq.ClaimedTask,
 	r := &run{slot: slot, w: w, q: q, ct: ct, t: &Task{
 		Queue: ct.Queue, ID: ct.ID, Payload: ct.Payload, Attempt: ct.Attempt,
 		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
+		TraceContext: ct.TraceContext,
 	}}
 	w.stats.claimed.Add(1)
 	w.stats.inFlight.Add(1)

@@ -36,6 +36,10 @@ type Task struct {
 	// Redis clock; ClaimedAt - Due is the claim lateness.
 	Due       time.Time
 	ClaimedAt time.Time
+	// TraceContext is the trace context stored at enqueue (outbox
+	// Config.TraceContext), opaque to the worker: package delayqotel's observer
+	// continues the trace from it. "" when none was stored.
+	TraceContext string
 }
 
 // IdempotencyKey is the key to pass to external systems (a payment provider's

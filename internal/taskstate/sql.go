@@ -114,7 +114,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version`
+RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -134,12 +134,13 @@ RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version`
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED`
 	return Statements{
-		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts.
+		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
+		// $7 trace_context or NULL.
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
 		// transaction goes on.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts)
-	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6)
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context)
+	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at
 )
@@ -148,7 +149,8 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// Arrays, one element per task, duplicates within the batch already removed:
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
 		// interval of microseconds: added exactly, so the caller can tell the run_at
-		// from statement_timestamp()), $5 payload, $6 max_attempts.
+		// from statement_timestamp()), $5 payload, $6 max_attempts, $7 trace_context
+		// (NULL for the whole batch when no task has one).
 		//
 		// Rows are inserted in key order, so that two batches with common keys wait
 		// for each other instead of deadlocking: the caller sends the arrays sorted
@@ -166,11 +168,12 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
 		// run (a one-time filter).
 		EnqueueMany: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts)
-	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context)
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
 	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
-	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts) AS u
+	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts,
+	             unnest(COALESCE($7::text[], '{}')) AS trace) AS u
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
 ), c AS (

@@ -1,6 +1,8 @@
 package validate
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"unicode/utf8"
 )
@@ -25,7 +27,28 @@ const (
 	MaxErrorBytes = 500
 	// MaxVersion bounds a task's version (an int4 in Postgres).
 	MaxVersion = 1<<31 - 1
+	// MaxTraceContextBytes bounds the trace context kept with a task (a W3C
+	// traceparent is 55 bytes; the rest is room for a tracestate).
+	MaxTraceContextBytes = 512
 )
+
+// ErrInvalidTraceContext reports a trace context longer than MaxTraceContextBytes
+// or with a byte outside printable ASCII.
+var ErrInvalidTraceContext = errors.New("invalid trace context")
+
+// TraceContext checks a task's trace context: "" (none), or at most
+// MaxTraceContextBytes of printable ASCII (what W3C trace context headers hold).
+func TraceContext(s string) error {
+	if len(s) > MaxTraceContextBytes {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidTraceContext, len(s), MaxTraceContextBytes)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return fmt.Errorf("%w: byte %#x at %d: printable ASCII only", ErrInvalidTraceContext, s[i], i)
+		}
+	}
+	return nil
+}
 
 // ErrorSummary makes an error message fit the promise of a short summary: valid
 // UTF-8, no NUL byte (Postgres refuses it in text), at most MaxErrorBytes bytes, cut
