@@ -104,8 +104,10 @@ func TestOneTrace(t *testing.T) {
 	app.End()
 	enqueue(ctx, "untraced")
 
-	byName := map[string]tracetest.SpanStub{}
-	var relays []tracetest.SpanStub
+	var (
+		byName map[string]tracetest.SpanStub
+		relays []tracetest.SpanStub
+	)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		byName, relays = map[string]tracetest.SpanStub{}, nil
@@ -192,7 +194,7 @@ func ExampleTraceContext() {
 func attr(s tracetest.SpanStub, key string) string {
 	for _, a := range s.Attributes {
 		if a.Key == attribute.Key(key) {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
