@@ -54,6 +54,9 @@ type Options struct {
 	Progress func(Progress)
 	// Logger receives a debug line per repair step. Default: discard.
 	Logger *slog.Logger
+	// Observer, when set, receives every inconsistency found, as it is found
+	// (repaired, or left alone), for metrics or tracing. Default nil.
+	Observer Observer
 
 	// beforeSettle, set by tests, runs between the first read of a step and the
 	// second read that decides its repairs.
@@ -133,4 +136,20 @@ type Progress struct {
 	QueueIndex, Queues int
 	// Found counts the inconsistencies found so far, in all queues.
 	Found int
+}
+
+// Observer receives what Reconcile and Check find, in the manner of pgx's tracers
+// (the relay's self-healing reports through relay.Observer). It is called from the
+// pass's goroutine and must return quickly.
+type Observer interface {
+	Divergence(ctx context.Context, d Divergence)
+}
+
+// Divergence is one task on which PostgreSQL and Redis disagree.
+type Divergence struct {
+	Queue, ID string
+	Kind      Kind
+	// Repaired: Redis was made to agree with Postgres. Skipped: left alone (a dry
+	// run, a task that changed meanwhile, a death younger than Grace).
+	Repaired, Skipped bool
 }

@@ -496,7 +496,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	var probeIDs []string
 	for _, id := range ids {
 		if busy[id] {
-			e.record(q, id, first[id], false, true, nil, nil)
+			e.record(ctx, q, id, first[id], false, true, nil, nil)
 			continue
 		}
 		probeIDs = append(probeIDs, id)
@@ -518,7 +518,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 		case v.kind == "":
 			continue // resolved in the meantime
 		case v.op == 0:
-			e.record(q, id, v.kind, false, true, r, &p)
+			e.record(ctx, q, id, v.kind, false, true, r, &p)
 			continue
 		}
 		rep := delayq.Repair{Op: v.op, ID: id, Fingerprint: p.Fingerprint}
@@ -536,7 +536,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 		return fmt.Errorf("reconcile: %w", err)
 	}
 	for i, rp := range repairs {
-		e.record(q, rp.ID, kinds[i], applied[i], !applied[i], locked[rp.ID], nil)
+		e.record(ctx, q, rp.ID, kinds[i], applied[i], !applied[i], locked[rp.ID], nil)
 		if applied[i] && locked[rp.ID] == nil {
 			absentRemoved = append(absentRemoved, rp.ID)
 		}
@@ -579,14 +579,14 @@ func (e *engine) verify(ctx context.Context, q string, ids []string) error {
 	for i, id := range ids {
 		r, p := rows[id], probes[i]
 		if v := classify(r, p, now, e.o.Grace); v.kind != "" {
-			e.record(q, id, v.kind, false, v.op == 0, r, &p)
+			e.record(ctx, q, id, v.kind, false, v.op == 0, r, &p)
 		}
 	}
 	return nil
 }
 
 // record counts one inconsistency.
-func (e *engine) record(q, id string, k Kind, repaired, skipped bool, r *row, p *delayq.Probe) {
+func (e *engine) record(ctx context.Context, q, id string, k Kind, repaired, skipped bool, r *row, p *delayq.Probe) {
 	if k == "" {
 		return
 	}
@@ -602,6 +602,9 @@ func (e *engine) record(q, id string, k Kind, repaired, skipped bool, r *row, p 
 		e.rep.Skipped++
 	}
 	b.sample(q, id, e.o.Samples)
+	if e.o.Observer != nil {
+		e.o.Observer.Divergence(ctx, Divergence{Queue: q, ID: id, Kind: k, Repaired: repaired, Skipped: skipped})
+	}
 	if e.found != nil {
 		e.found(q, id, r, p, k)
 	}
