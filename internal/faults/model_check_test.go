@@ -445,4 +445,6 @@ func (v *violations) String() string {
 
 // modelFinished tells a row a run finished: done, dead, or cancelled by its
 // handler (run-cancel).
-func modelFinished(state string) bool { return state == "done" || state == "dead" || state == "cancelled" }
+func modelFinished(state string) bool {
+	return state == "done" || state == "dead" || state == "cancelled"
+}
