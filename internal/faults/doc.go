@@ -21,6 +21,11 @@
 //
 //	fault-suite: scenario=worker-kill tasks=1800 faults=5 lost=0 duplicated=0 early=0 ...
 //
+// The worker-kill scenario also runs with group commit (worker.GroupCommit), and
+// DELAYQ_FAULTS_GROUP_COMMIT=8 runs every scenario's workers with groups of 8:
+//
+//	DELAYQ_FAULTS_GROUP_COMMIT=8 go test -race -count=1 ./internal/faults/
+//
 // Worker and relay processes are this test binary, re-executed in a child role
 // (see TestMain), so that they can be killed with SIGKILL.
 package faults

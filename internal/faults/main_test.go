@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -89,6 +90,14 @@ func newSystem(t *testing.T, scenario, pgURL, redisURL string) *system {
 		t: t, scenario: scenario, pgURL: pgURL, redisURL: redisURL, directURL: redisURL,
 		prefix: "fq", queues: []string{"alpha", "beta", "gamma"},
 		logs: &syncBuffer{}, logDir: t.TempDir(), started: time.Now(),
+	}
+	// DELAYQ_FAULTS_GROUP_COMMIT=8 runs every scenario's workers with group commit.
+	if v := os.Getenv(envGroupCommit); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envGroupCommit, v, err)
+		}
+		s.groupCommit = n
 	}
 	s.admin = testenv.Pool(t, withParam(t, pgURL, "pool_max_conns", "8"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
