@@ -246,15 +246,15 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 	out := make([]bool, 0, len(repairs))
 	for start := 0; start < len(repairs); start += maxRepair {
 		batch := repairs[start:min(start+maxRepair, len(repairs))]
-		args := make([]any, 0, 2+8*len(batch))
+		args := make([]any, 0, 2+9*len(batch))
 		args = append(args, k.Wake, len(batch))
 		for _, r := range batch {
 			switch r.Op {
 			case RepairKill:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "")
+				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "", "")
 				continue
 			case RepairRemove, RepairExpire:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "")
+				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "", "")
 				continue
 			}
 			t := r.Task
@@ -269,7 +269,7 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 			if ver == 0 {
 				ver = 1
 			}
-			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver)
+			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver, startByArg(t.StartBy))
 		}
 		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}, args...)
 		if err != nil {

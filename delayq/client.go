@@ -166,6 +166,8 @@ func (c *Client) checkTask(t Task, maxPayload int) error {
 		return fmt.Errorf("%w: %q: %w", ErrInvalidTask, t.ID, validate.TraceContext(t.TraceContext))
 	case !t.RunAt.IsZero() && (t.RunAt.UnixMilli() < 0 || t.RunAt.UnixMilli() > 1e14):
 		return fmt.Errorf("%w: %q: RunAt %v out of range", ErrInvalidTask, t.ID, t.RunAt)
+	case !t.StartBy.IsZero() && (t.StartBy.UnixMilli() < 1 || t.StartBy.UnixMilli() > 1e14):
+		return fmt.Errorf("%w: %q: StartBy %v out of range", ErrInvalidTask, t.ID, t.StartBy)
 	}
 	return nil
 }

@@ -147,3 +147,34 @@ func TestRateLimitedClaims(t *testing.T) {
 		t.Errorf("a refused limit wrote version %d", v)
 	}
 }
+
+// TestClaimStartDeadline: a task claimed after its start deadline comes back
+// marked Missed and takes nothing of the rate limit; the deadline is in the task
+// hash only when set.
+func TestClaimStartDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	due := now.Add(-time.Second)
+	b.enqueue(t, Task{ID: "a", RunAt: due, StartBy: now.Add(-time.Millisecond)},
+		Task{ID: "b", RunAt: due, StartBy: now.Add(time.Hour)}, Task{ID: "c", RunAt: due})
+	k, _ := b.c.Keys("q")
+	if ok, _ := b.rdb.HExists(ctx, k.TaskKey("c"), "d").Result(); ok {
+		t.Fatal("a task without a deadline has one in its hash")
+	}
+	if ok, err := b.c.SetControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1, Period: time.Hour, Burst: 1}}); err != nil || !ok {
+		t.Fatalf("limit: %v %v", ok, err)
+	}
+	cl := b.claim(t, 10, time.Minute)
+	if len(cl.Tasks) != 1 || cl.Tasks[0].ID != "a" || !cl.Tasks[0].Missed || cl.RateWait != 0 {
+		t.Fatalf("first claim %+v: want a, missed, and the limit untouched", cl)
+	}
+	cl = b.claim(t, 10, time.Minute)
+	if len(cl.Tasks) != 1 || cl.Tasks[0].ID != "b" || cl.Tasks[0].Missed || !cl.Tasks[0].StartBy.Equal(now.Add(time.Hour)) {
+		t.Fatalf("second claim %+v: want b, on time", cl)
+	}
+	if cl = b.claim(t, 10, time.Minute); len(cl.Tasks) != 0 || cl.RateWait < 59*time.Minute {
+		t.Fatalf("third claim %+v: want c refused by the limit", cl)
+	}
+}

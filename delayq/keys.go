@@ -72,6 +72,7 @@ func registryKey(prefix string) string { return prefix + ":queues" }
 //	v  outbox version; an enqueue with a higher one replaces the task (absent = 1)
 //	t  lease token, only while active
 //	e  last error summary, after a failure
+//	d  start deadline in Unix ms, only for a task that has one (outbox.Task.StartBy)
 //
 // A new task is written with p and only the fields that differ from their defaults,
 // so a ready task with default settings is a one-field hash. Scripts read both forms.

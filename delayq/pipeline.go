@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -126,7 +128,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
 func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
-	args := make([]any, 0, 3+7*len(tasks))
+	args := make([]any, 0, 3+8*len(tasks))
 	replace := "0"
 	if replaceFinished {
 		replace = "1"
@@ -144,9 +146,18 @@ func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
 		if ver == 0 {
 			ver = 1
 		}
-		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext)
+		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy))
 	}
 	return args
+}
+
+// startByArg is a start deadline as the scripts take it: Unix ms, rounded down
+// (a task never starts after its deadline), or "" for none.
+func startByArg(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(t.UnixMilli(), 10)
 }
 
 // register adds the queues of batches to the queue registry (the reaper's list of

@@ -121,7 +121,7 @@ func parseEnqueue(v any, n int) ([]EnqueueStatus, error) {
 // The claim reply: a head of claimHead elements, then claimGroup per task.
 const (
 	claimHead  = 5
-	claimGroup = 8
+	claimGroup = 9
 )
 
 func parseClaim(v any, queue string) (Claim, error) {
@@ -200,6 +200,12 @@ func parseClaim(v any, queue string) (Claim, error) {
 		}
 		if t.TraceContext, err = asString(g[7], "claim trace"); err != nil {
 			return Claim{}, err
+		}
+		if sb, ok := g[8].(string); !ok || sb != "" {
+			if t.StartBy, err = scoreField(g[8], "claim start_by"); err != nil {
+				return Claim{}, err
+			}
+			t.Missed = now.After(t.StartBy)
 		}
 		c.Tasks[i] = t
 	}

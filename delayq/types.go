@@ -25,6 +25,11 @@ type Task struct {
 	// 512 bytes of printable ASCII; "" for none (the task hash then has no field
 	// for it).
 	TraceContext string
+	// StartBy, when set, is the task's start deadline (kept to the millisecond,
+	// rounded down): a claim after it does not run the task but reports it with
+	// ClaimedTask.Missed, for the worker to settle. Zero: none (and no field in
+	// the task hash).
+	StartBy time.Time
 }
 
 // EnqueueStatus tells what Enqueue did with one task.
@@ -86,6 +91,13 @@ type ClaimedTask struct {
 	LeaseUntil time.Time
 	// TraceContext is the one given at enqueue ("" for none).
 	TraceContext string
+	// StartBy is the task's start deadline (zero: none), and Missed tells that
+	// the claim came after it, by the Redis clock: the task must not run; the
+	// claim leased it only so that the worker settles it (dead, or handed to the
+	// queue's missed-deadline hook), and it does not count against the queue's
+	// rate limit.
+	StartBy time.Time
+	Missed  bool
 }
 
 // Lease names one claimed run of a task for CompleteMany: the task id and the

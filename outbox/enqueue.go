@@ -69,7 +69,7 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	}
 	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace},
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy},
 		func(scan func(...any) error) error {
 			var notified int64
 			res.Duplicate = false
@@ -130,6 +130,7 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		payloads = make([][]byte, 0, len(tasks))
 		attempts = make([]int32, 0, len(tasks))
 		traces   []*string // nil while no task has a trace context
+		startBys = make([]*time.Time, 0, len(tasks))
 	)
 	for _, i := range order {
 		t := &tasks[i]
@@ -152,13 +153,14 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		if traces != nil {
 			traces = append(traces, w.trace)
 		}
+		startBys = append(startBys, w.startBy)
 	}
 	var (
 		inserted int64
 		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
 		named    map[key]bool
 	)
-	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces},
+	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces, startBys},
 		func(scan func(...any) error) error {
 			var (
 				n, notified int64

@@ -24,6 +24,8 @@ var (
 	// ErrInvalidRunAt reports a run-at time that cannot be meant: at or before the Unix
 	// epoch (an unset timestamp), after the year 9999, or given together with a Delay.
 	ErrInvalidRunAt = errors.New("invalid run-at time")
+	// ErrInvalidStartBy reports a start deadline out of range, or before RunAt.
+	ErrInvalidStartBy = errors.New("invalid start deadline")
 	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")
 	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or

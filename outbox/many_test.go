@@ -114,7 +114,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var plan []byte
 	err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+b.client.EnqueueManyStatement(),
-		q, ids, runAts, delays, payloads, attempts, traces).Scan(&plan)
+		q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n)).Scan(&plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 		return
 	}
 	// And the order is the arrays' order: the rows land in heap order as sent.
-	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts, traces); err != nil {
+	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n)); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := tx.Query(ctx, `SELECT task_id FROM delayq_outbox WHERE queue = 'plan' ORDER BY ctid`)

@@ -36,6 +36,13 @@ type Task struct {
 	// TraceContext there), opaque to delayq: at most 512 bytes of printable ASCII.
 	// Empty means Config.TraceContext's, if set, else none.
 	TraceContext string
+	// StartBy, when set, is the latest time the task may start (any attempt),
+	// by the Redis clock, to the millisecond: a task that cannot start by then
+	// (a backlog, an outage, retries) is not run late but made dead with the
+	// reason, and handed to the queue's OnMissedDeadline hook (worker) in the
+	// same transaction, exactly once. Zero: no deadline. Must not be before
+	// RunAt.
+	StartBy time.Time
 }
 
 // JSON encodes v as a payload.
@@ -47,6 +54,10 @@ func JSON(v any) ([]byte, error) {
 	return b, nil
 }
 
+// maxStartByMS is the latest start deadline Redis keeps (Unix ms, the scripts'
+// bound).
+const maxStartByMS = 1e14
+
 var (
 	minRunAt = time.Unix(0, 0)
 	maxRunAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -54,7 +65,7 @@ var (
 
 // Validate checks t as Enqueue would, without touching the database. The error wraps
 // one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt,
-// ErrPayloadTooLarge or ErrInvalidMaxAttempts.
+// ErrPayloadTooLarge, ErrInvalidMaxAttempts or ErrInvalidStartBy.
 func (c *Client) Validate(t Task) error {
 	if err := validate.Queue(t.Queue); err != nil {
 		return err
@@ -71,6 +82,14 @@ func (c *Client) Validate(t Task) error {
 		}
 		if err := checkRunAt(t.RunAt); err != nil {
 			return err
+		}
+	}
+	if !t.StartBy.IsZero() {
+		if !t.StartBy.After(minRunAt) || t.StartBy.UnixMilli() > maxStartByMS {
+			return fmt.Errorf("%w: %v is out of range", ErrInvalidStartBy, t.StartBy.UTC())
+		}
+		if !t.RunAt.IsZero() && t.StartBy.Before(t.RunAt) {
+			return fmt.Errorf("%w: %v is before RunAt %v: the task could never start", ErrInvalidStartBy, t.StartBy.UTC(), t.RunAt.UTC())
 		}
 	}
 	if limit := c.cfg.MaxPayloadBytes; len(t.Payload) > limit {
@@ -102,7 +121,8 @@ type row struct {
 	delayUS     int64
 	payload     []byte // never nil: pgx would send NULL
 	maxAttempts int32
-	trace       *string // nil: none (NULL)
+	trace       *string    // nil: none (NULL)
+	startBy     *time.Time // nil: none
 }
 
 // row makes the row of t, enqueued with ctx.
@@ -117,6 +137,10 @@ func (c *Client) row(ctx context.Context, t Task) row {
 	if !t.RunAt.IsZero() {
 		at := t.RunAt
 		r.runAt = &at
+	}
+	if !t.StartBy.IsZero() {
+		sb := t.StartBy
+		r.startBy = &sb
 	}
 	if r.payload == nil {
 		r.payload = []byte{}

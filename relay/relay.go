@@ -185,6 +185,7 @@ type row struct {
 	maxAttempts int32
 	version     int32
 	trace       *string // the enqueue's trace context, NULL for none
+	startBy     *time.Time
 }
 
 // round moves one batch: lock due rows and mark them queued (one statement),
@@ -214,7 +215,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
 		var x row
-		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace)
+		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy)
 		return x, err
 	})
 	if err != nil {
@@ -241,6 +242,9 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		}
 		if x.trace != nil {
 			t.TraceContext = *x.trace
+		}
+		if x.startBy != nil {
+			t.StartBy = *x.startBy
 		}
 		// A row no Redis key can hold (written by hand or by an older version) is
 		// set dead with the reason, and the round goes on without it.

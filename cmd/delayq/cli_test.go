@@ -119,6 +119,15 @@ func TestEnqueueCancelRescheduleCommands(t *testing.T) {
 	if string(payload) != `{"n":2}` || maxAtt != 25 || !runAt.Equal(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Errorf("m-2: %q, %d, %v", payload, maxAtt, runAt)
 	}
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-3", "--start-by", "2030-01-02T03:04:05Z").want(t, exitOK, "enqueued mail/m-3")
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-4", "--start-by", "soon").want(t, exitUsage)
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-4", "--at", "2030-01-02T03:04:05Z", "--start-by", "2030-01-01T00:00:00Z").want(t, exitUsage)
+	var startBy time.Time
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT start_by FROM delayq_outbox WHERE queue = 'mail' AND task_id = 'm-3'`).Scan(&startBy); err != nil ||
+		!startBy.Equal(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)) {
+		t.Errorf("m-3 start_by %v, %v", startBy, err)
+	}
 
 	// Reschedule: new run time and version, back to pending.
 	b.run(t, "reschedule", "--queue", "mail", "--id", "m-1", "--at", "2031-01-01T00:00:00Z").

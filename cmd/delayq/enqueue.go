@@ -82,10 +82,11 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	var task taskFlags
 	var when whenFlags
 	fs := newFlagSet(m, "enqueue",
-		"enqueue --queue q --id x [--delay d | --at t] [--payload s | --payload-file f] [--max-attempts n]",
+		"enqueue --queue q --id x [--delay d | --at t] [--start-by t] [--payload s | --payload-file f] [--max-attempts n]",
 		"  delayq enqueue --queue payment --id order-1001 --delay 15m --payload '{\"order\":1001}'\n"+
 			"  delayq enqueue --queue report --id 2030-01 --at 2030-02-01T06:00:00Z --payload-file job.json\n"+
-			"  echo hello | delayq enqueue --queue mail --id m-1 --payload-file -\n\n"+
+			"  echo hello | delayq enqueue --queue mail --id m-1 --payload-file -\n"+
+			"  delayq enqueue --queue sms --id otp-7 --start-by 2030-01-02T15:05:00Z   # not run after that\n\n"+
 			"The task goes into the outbox (Postgres) as pending; the relay moves it to Redis\n"+
 			"when it falls due. An id that exists already is a duplicate: nothing changes and\n"+
 			"the exit code is 0.\n")
@@ -95,6 +96,7 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	payload := fs.String("payload", "", "the payload, as given")
 	payloadFile := fs.String("payload-file", "", "read the payload from this file ('-': standard input)")
 	maxAttempts := fs.Int("max-attempts", 0, "runs before the task is dead (0: the outbox default, 25)")
+	startBy := fs.String("start-by", "", "the latest start, RFC 3339: a task that cannot start by then is dead with the reason, never run late")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
@@ -125,6 +127,11 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	t := outbox.Task{Queue: task.queue, ID: task.id, Payload: body, Delay: delay, RunAt: at, MaxAttempts: *maxAttempts}
+	if *startBy != "" {
+		if t.StartBy, err = time.Parse(time.RFC3339Nano, *startBy); err != nil {
+			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", *startBy)
+		}
+	}
 	if err := ob.Validate(t); err != nil {
 		return usagef("%v", err)
 	}

@@ -25,14 +25,20 @@
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
 --
--- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 8:
---           id, payload, attempt, max_attempts, version, token, due, trace }
+-- A task whose hash holds a start deadline d (Unix ms, enqueue.lua) and that is
+-- claimed after it (now > d) is leased like the others, for the worker to settle
+-- without running it (Postgres first: dead, or handed to the queue's hook); it
+-- does not count as a start against the rate limit.
+--
+-- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 9:
+--           id, payload, attempt, max_attempts, version, token, due, trace, start_by }
 --   next_ms      ms from now until the earliest task still in ready falls due:
 --                0 if one is due already, -1 if ready is empty
 --   rate_ms      when tasks are still due (next_ms 0) but the rate limit allows no
 --                further start now: ms until it allows the next one (rounded up);
 --                else 0
---   now, lease_until, due   Unix seconds with 3 decimals (strings)
+--   now, lease_until, due, start_by   Unix seconds with 3 decimals (strings);
+--                start_by "" for a task without a deadline
 -- Malformed ARGV: an error reply, nothing written.
 
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
@@ -74,7 +80,7 @@ end
 
 local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
 local out = {}
-local count = 0
+local count, missed = 0, 0
 if #due > 0 then
   -- One ZREM and one ZADD for the whole claim; two hash commands per task.
   local ids = {}
@@ -85,7 +91,7 @@ if #due > 0 then
   for i = 1, #due, 2 do
     local id = due[i]
     local h = KEYS[3] .. id
-    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c')
+    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c', 'd')
     -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
     -- is ready, no m is 25, no v is 1.
     if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
@@ -105,6 +111,12 @@ if #due > 0 then
       local due_ms = math.floor(tonumber(due[i + 1]) * 1000 + 0.5)
       out[k + 7] = fmt(due_ms)
       out[k + 8] = f[6] or ''
+      out[k + 9] = ''
+      if f[7] then
+        local d = tonumber(f[7])
+        out[k + 9] = fmt(d)
+        if now > d then missed = missed + 1 end
+      end
       local b = 'l' .. hist_bucket(now - due_ms)
       hist[b] = (hist[b] or 0) + 1
     end
@@ -123,8 +135,8 @@ if h[2] then
 end
 
 local rate_ms = 0
-if rate > 0 and count > 0 then
-  tat = tat + count * emit
+if rate > 0 and count > missed then
+  tat = tat + (count - missed) * emit
   redis.call('HSET', KEYS[4], 'g', string.format('%.3f', tat))
   if next_ms == 0 then rate_ms = math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 0) end
 end

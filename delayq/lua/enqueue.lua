@@ -18,7 +18,7 @@
 --          locked as pending: a done or dead hash of the id, of any version, is then
 --          an earlier life of the id (a reused id after retention, a task retried
 --          from dead) and is replaced; "0" otherwise
--- then for task k = 0..n-1, ARGV[4+7k] .. ARGV[10+7k]:
+-- then for task k = 0..n-1, ARGV[4+8k] .. ARGV[11+8k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
@@ -27,6 +27,9 @@
 --   version       1..2147483647, the outbox version
 --   trace         0..512 bytes, the trace context of the enqueue (opaque; "" for none),
 --                 kept in field c only when given, and handed to the worker by claim
+--   start_by      "" (none), or the start deadline in Unix ms (1..10^14): kept in the
+--                 hash as d only when set; the claim script settles a task it
+--                 finds past it instead of running it
 --
 -- Returns an array of n integers: 1 added, 0 duplicate, 2 replaced (higher version).
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
@@ -35,9 +38,10 @@
 -- A new task's hash holds its payload and only the fields that differ from their
 -- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey): with a
 -- small payload the hash is a 32-byte listpack instead of a 48-byte one.
-local function write_new(h, payload, max, ver, attempt, trace)
+local function write_new(h, payload, max, ver, attempt, trace, d)
   local f = { 'p', payload }
   if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
+  if d then f[#f + 1] = 'd'; f[#f + 1] = d end
   if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
   if ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = ver end
   if attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = attempt end
@@ -50,7 +54,7 @@ local function head()
   return nil
 end
 
-local W = 7
+local W = 8
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
 if #ARGV ~= 3 + W * n then return fail('expected ' .. (3 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -85,6 +89,7 @@ for k = 0, n - 1 do
   if int(ARGV[b + 4], 0, 1000000) == nil then return fail('task ' .. k .. ': attempt must be an integer in 0..1000000') end
   if int(ARGV[b + 5], 1, 2147483647) == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
   if #ARGV[b + 6] > 512 then return fail('task ' .. k .. ': trace context must have 0..512 bytes') end
+  if ARGV[b + 7] ~= '' and int(ARGV[b + 7], 1, 1e14) == nil then return fail('task ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
 end
 
 local before = head()
@@ -98,11 +103,12 @@ for i = 1, n do
   local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local trace = ARGV[b + 6]
+  local d = ARGV[b + 7] ~= '' and ARGV[b + 7] or nil
   local h = KEYS[3] .. id
   local cur = redis.call('HMGET', h, 's', 'v', 'p')
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
-    write_new(h, payload, max, ver, attempt, trace)
+    write_new(h, payload, max, ver, attempt, trace, d)
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
@@ -117,6 +123,7 @@ for i = 1, n do
       redis.call('PERSIST', h)
     end
     redis.call('HSET', h, 's', 'r', 'p', payload, 'm', max, 'v', ver)
+    if d then redis.call('HSET', h, 'd', d) else redis.call('HDEL', h, 'd') end
     -- The attempts are the given ones (the outbox's count of recorded failures):
     -- a run whose lease the replacement revoked does not count, as a released
     -- one does not.

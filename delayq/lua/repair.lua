@@ -23,7 +23,7 @@
 -- KEYS[4]  task hash key prefix
 -- ARGV[1]  wake channel
 -- ARGV[2]  n, number of repairs (1..1000)
--- then for repair k = 0..n-1, ARGV[3+8k] .. ARGV[10+8k]:
+-- then for repair k = 0..n-1, ARGV[3+9k] .. ARGV[11+9k]:
 --   op            "remove", "restore" or "expire"
 --   id            1..200 bytes
 --   fingerprint   as returned by probe.lua
@@ -32,6 +32,7 @@
 --   max_attempts  restore: 1..1000000; else ""
 --   attempt       restore: 0..1000000; else ""
 --   version       restore: 1..2147483647; else ""
+--   start_by      restore: "" or the start deadline in Unix ms (as enqueue); else ""
 --
 -- Returns an array of n integers: 1 applied, 0 changed since the probe, or a kill or
 -- expire of a task without a hash (nothing done).
@@ -60,7 +61,7 @@ local function head()
   return nil
 end
 
-local W = 8
+local W = 9
 local n = int(ARGV[2], 1, 1000)
 if n == nil then return fail('n must be an integer in 1..1000') end
 if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -97,6 +98,10 @@ for k = 0, n - 1 do
     if r.attempt == nil then return fail('repair ' .. k .. ': attempt must be an integer in 0..1000000') end
     r.ver = int(ARGV[b + 7], 1, 2147483647)
     if r.ver == nil then return fail('repair ' .. k .. ': version must be an integer in 1..2147483647') end
+    if ARGV[b + 8] ~= '' then
+      r.d = int(ARGV[b + 8], 1, 1e14)
+      if r.d == nil then return fail('repair ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
+    end
   elseif op == 'kill' then
     r.msg = ARGV[b + 4]
     if #r.msg > 4096 then return fail('repair ' .. k .. ': last error longer than 4096 bytes') end
@@ -141,6 +146,7 @@ for i, r in ipairs(reps) do
         if r.max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = r.max end
         if r.ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = r.ver end
         if r.attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = r.attempt end
+        if r.d then f[#f + 1] = 'd'; f[#f + 1] = r.d end
         redis.call('HSET', h, unpack(f))
         redis.call('ZADD', KEYS[1], r.score, id)
       end

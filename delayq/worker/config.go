@@ -151,6 +151,11 @@ type QueueConfig struct {
 	// OnDead runs in the transaction that records a task's death (see DeadHook).
 	// Default nil.
 	OnDead DeadHook
+	// OnMissedDeadline runs in the transaction that records the death of a task
+	// claimed after its start deadline (outbox.Task.StartBy), whose handler never
+	// ran; its cause is a *MissedDeadlineError. Nil: OnDead runs instead, if set.
+	// Either way the task is dead with the reason, exactly once.
+	OnMissedDeadline DeadHook
 
 	// Middleware wraps the runs of this queue's handler, inside the worker's
 	// (Config.Middleware); the first is the outermost. Default none.

@@ -180,7 +180,10 @@ func (r *run) refusedNow(ctx context.Context) outcome {
 // is given back, uncounted, to fail again after the backoff.
 func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome {
 	w, q, t := r.w, r.q, r.t
-	applied, err := r.deathTx(ctx, msg, cause)
+	record := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		return w.store.RecordFailure(ctx, tx, taskstate.Failure{Key: r.key(), Attempt: t.Attempt, Err: msg, Dead: true})
+	}
+	applied, err := r.deathTx(ctx, record, q.cfg.OnDead, cause)
 	switch {
 	case err != nil:
 		w.log.Error("worker: the dead hook failed; the death is rolled back and the task runs again",
@@ -193,22 +196,22 @@ func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome 
 	return r.killed(ctx, msg)
 }
 
-// deathTx is dieWithHook's transaction: the death and the hook. It returns
-// whether the death committed; false without an error: the row was finished or
-// changed already.
-func (r *run) deathTx(ctx context.Context, msg string, cause error) (bool, error) {
+// deathTx is the transaction of a death with a hook: record (the death: fail-dead
+// or miss-deadline), then the hook. It returns whether the death committed;
+// false without an error: the row was finished or changed already.
+func (r *run) deathTx(ctx context.Context, record func(context.Context, pgx.Tx) (bool, error), hook DeadHook, cause error) (bool, error) {
 	w, t := r.w, r.t
 	tx, err := w.pool.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	applied, err := w.store.RecordFailure(ctx, tx, taskstate.Failure{Key: r.key(), Attempt: t.Attempt, Err: msg, Dead: true})
+	applied, err := record(ctx, tx)
 	if err != nil || !applied {
 		return false, err
 	}
-	hook := func(ctx context.Context) error { return r.q.cfg.OnDead(ctx, tx, t, cause) }
-	if err := Recover(w.log)(ctx, t, hook); err != nil {
+	call := func(ctx context.Context) error { return hook(ctx, tx, t, cause) }
+	if err := Recover(w.log)(ctx, t, call); err != nil {
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {

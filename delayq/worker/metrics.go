@@ -40,13 +40,16 @@ type Stats struct {
 	// DeadHookFailed: deaths rolled back because the queue's OnDead hook failed
 	// (each also counts as Snoozed).
 	DeadHookFailed int64
+	// MissedDeadline: tasks claimed after their start deadline, not run, dead
+	// with the reason (each also counts as Dead).
+	MissedDeadline int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 }
 
 type counters struct {
 	claimed, succeeded, failed, retried, dead, suppressed, leaseLost, released, inFlight atomic.Int64
-	snoozed, cancelled, deadHookFailed                                                   atomic.Int64
+	snoozed, cancelled, deadHookFailed, missedDeadline                                   atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -55,6 +58,7 @@ func (c *counters) snapshot() Stats {
 		Retried: c.retried.Load(), Dead: c.dead.Load(), Suppressed: c.suppressed.Load(),
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), InFlight: c.inFlight.Load(),
 		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(), DeadHookFailed: c.deadHookFailed.Load(),
+		MissedDeadline: c.missedDeadline.Load(),
 	}
 }
 
@@ -78,7 +82,7 @@ const (
 // (lease_lost and failed are counted from RunEndEvent's other fields).
 func promOutcome(o Outcome) string {
 	switch o {
-	case OutcomeSucceeded, OutcomeRetried, OutcomeDead, OutcomeReleased, OutcomeSnoozed, OutcomeCancelled:
+	case OutcomeSucceeded, OutcomeRetried, OutcomeDead, OutcomeReleased, OutcomeSnoozed, OutcomeCancelled, OutcomeMissedDeadline:
 		return string(o)
 	case OutcomeSuppressed:
 		return "suppressed_duplicate"
@@ -91,7 +95,7 @@ func promOutcome(o Outcome) string {
 func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "tasks_total",
-		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released, snoozed, cancelled.",
+		Help: "Task runs by outcome: claimed, succeeded, failed, retried, dead, suppressed_duplicate, lease_lost, released, snoozed, cancelled, missed_deadline.",
 	}, []string{"queue", "outcome"})
 	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "delayq", Subsystem: "worker", Name: "in_flight",

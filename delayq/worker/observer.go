@@ -64,6 +64,10 @@ const (
 	OutcomeSnoozed Outcome = "snoozed"
 	// OutcomeCancelled: the handler returned Cancel: the task is cancelled.
 	OutcomeCancelled Outcome = "cancelled"
+	// OutcomeMissedDeadline: the task was claimed after its start deadline; its
+	// handler did not run, and it is dead in both stores with the reason
+	// (ErrMissedDeadline), its OnMissedDeadline hook run with the death.
+	OutcomeMissedDeadline Outcome = "missed_deadline"
 	// OutcomeError: the bookkeeping failed (a server down); the lease will expire
 	// and the reaper takes the task back.
 	OutcomeError Outcome = "error"

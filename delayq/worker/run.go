@@ -45,7 +45,14 @@ type run struct {
 // failure (nil unless it failed).
 func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
 	r := w.startRun(hard, q, ct, claimedAt, slot)
-	o := r.execute(r.ctx)
+	var o outcome
+	if ct.Missed {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), w.cfg.OpTimeout)
+		o = r.missDeadline(bctx)
+		cancel()
+	} else {
+		o = r.execute(r.ctx)
+	}
 	r.finish(o)
 	return r.t, o, r.failure
 }
@@ -60,7 +67,7 @@ func (w *Worker) startRun(hard context.Context, q *queue, ct delayq.ClaimedTask,
 	r := &run{slot: slot, w: w, q: q, ct: ct, t: &Task{
 		Queue: ct.Queue, ID: ct.ID, Payload: ct.Payload, Attempt: ct.Attempt,
 		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
-		TraceContext: ct.TraceContext,
+		TraceContext: ct.TraceContext, StartBy: ct.StartBy,
 	}}
 	w.stats.claimed.Add(1)
 	w.stats.inFlight.Add(1)

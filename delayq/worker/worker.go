@@ -40,6 +40,9 @@ type Task struct {
 	// Config.TraceContext), opaque to the worker: package delayqotel's observer
 	// continues the trace from it. "" when none was stored.
 	TraceContext string
+	// StartBy is the task's start deadline (zero: none); a task claimed after
+	// it never reaches its handler (QueueConfig.OnMissedDeadline).
+	StartBy time.Time
 }
 
 // IdempotencyKey is the key to pass to external systems (a payment provider's
@@ -97,16 +100,17 @@ type hooks struct {
 type outcome string
 
 const (
-	outSucceeded  = outcome(OutcomeSucceeded)
-	outSuppressed = outcome(OutcomeSuppressed)
-	outRetried    = outcome(OutcomeRetried)
-	outDead       = outcome(OutcomeDead)
-	outLeaseLost  = outcome(OutcomeLeaseLost)
-	outReleased   = outcome(OutcomeReleased)
-	outStale      = outcome(OutcomeStale)
-	outSnoozed    = outcome(OutcomeSnoozed)
-	outCancelled  = outcome(OutcomeCancelled)
-	outError      = outcome(OutcomeError) // bookkeeping failed; the lease will expire
+	outSucceeded      = outcome(OutcomeSucceeded)
+	outSuppressed     = outcome(OutcomeSuppressed)
+	outRetried        = outcome(OutcomeRetried)
+	outDead           = outcome(OutcomeDead)
+	outLeaseLost      = outcome(OutcomeLeaseLost)
+	outReleased       = outcome(OutcomeReleased)
+	outStale          = outcome(OutcomeStale)
+	outSnoozed        = outcome(OutcomeSnoozed)
+	outCancelled      = outcome(OutcomeCancelled)
+	outMissedDeadline = outcome(OutcomeMissedDeadline)
+	outError          = outcome(OutcomeError) // bookkeeping failed; the lease will expire
 )
 
 type queue struct {
@@ -374,7 +378,7 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 		free(n - len(cl.Tasks))
 		for _, ct := range cl.Tasks {
 			slot := sync.OnceFunc(func() { free(1) })
-			if q.group != nil {
+			if q.group != nil && !ct.Missed { // a missed task runs nothing: settled alone
 				q.group.add(w.startRun(hard, q, ct, cl.Now, slot))
 				continue
 			}

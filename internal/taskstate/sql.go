@@ -40,6 +40,8 @@ type Statements struct {
 	// Worker: the completion guard in its three forms, the failure record, a
 	// snoozed run's next run time, and a run's cancellation.
 	Guard, GuardAbort, GuardMany, RecordFailure, Snooze, CancelRun string
+	// MissDeadline: a claim came after the task's start deadline (miss-deadline).
+	MissDeadline string
 
 	// Relay: the round (TakeDue), poison rows (MarkInvalid), the next due time,
 	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
@@ -66,7 +68,7 @@ type Statements struct {
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
-const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload`
+const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by`
 
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
@@ -114,7 +116,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context`
+RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context, start_by`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -135,12 +137,12 @@ RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version,
 	FOR UPDATE SKIP LOCKED`
 	return Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
-		// $7 trace_context or NULL.
+		// $7 trace_context or NULL, $8 start_by or NULL.
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
 		// transaction goes on.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context)
-	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text)
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by)
+	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at
 )
@@ -150,7 +152,7 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
 		// interval of microseconds: added exactly, so the caller can tell the run_at
 		// from statement_timestamp()), $5 payload, $6 max_attempts, $7 trace_context
-		// (NULL for the whole batch when no task has one).
+		// (NULL for the whole batch when no task has one), $8 start_by (NULL: none).
 		//
 		// Rows are inserted in key order, so that two batches with common keys wait
 		// for each other instead of deadlocking: the caller sends the arrays sorted
@@ -168,12 +170,13 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
 		// run (a one-time filter).
 		EnqueueMany: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context)
-	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by)
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
 	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
 	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts,
-	             unnest(COALESCE($7::text[], '{}')) AS trace) AS u
+	             unnest(COALESCE($7::text[], '{}')) AS trace,
+	             unnest($8::timestamptz[]) AS start_by) AS u
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
 ), c AS (
@@ -264,6 +267,14 @@ WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'que
 		CancelRun: fmt.Sprintf(`UPDATE %s
 SET state = 'cancelled', done_at = statement_timestamp(), attempt = $4, last_error = $5, payload = %s
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table, clear),
+
+		// $1 queue, $2 task_id, $3 version, $4 reason: a task claimed after its
+		// start deadline is dead with the reason, never run (its attempts as
+		// recorded: the claim that found it late ran nothing).
+		MissDeadline: fmt.Sprintf(`UPDATE %s
+SET state = 'dead', done_at = statement_timestamp(), last_error = $4
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
+  AND start_by IS NOT NULL`, table),
 
 		TakeDue:       fmt.Sprintf(takeDue, table, ""),
 		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),

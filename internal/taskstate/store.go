@@ -256,6 +256,20 @@ func (s *Store) CancelRun(ctx context.Context, q Querier, k Key, attempt int, re
 	return tag.RowsAffected() == 1, nil
 }
 
+// MissDeadline records k dead with reason because a claim came after its start
+// deadline, if it is still pending or queued at its version and has a deadline;
+// it reports whether it did.
+func (s *Store) MissDeadline(ctx context.Context, q Querier, k Key, reason string) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	tag, err := q.Exec(ctx, s.SQL.MissDeadline, k.Queue, k.ID, int32(k.Version), validate.ErrorSummary(reason))
+	if err != nil {
+		return false, fmt.Errorf("miss deadline %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // SQLExecer runs a statement on database/sql: *sql.Tx, *sql.DB and *sql.Conn
 // satisfy it.
 type SQLExecer interface {

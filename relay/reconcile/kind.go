@@ -79,6 +79,7 @@ type row struct {
 	maxAttempts int
 	runAt       time.Time
 	payload     []byte
+	startBy     *time.Time
 }
 
 // verdict is what classify decides for one task.
@@ -195,10 +196,14 @@ func restoreTask(r *row, p delayq.Probe) delayq.Task {
 		attempt = p.Attempt
 	}
 	attempt = max(0, min(attempt, r.maxAttempts-1))
-	return delayq.Task{
+	t := delayq.Task{
 		ID: r.id, Payload: r.payload, RunAt: r.runAt,
 		MaxAttempts: r.maxAttempts, Attempt: attempt, Version: r.version,
 	}
+	if r.startBy != nil {
+		t.StartBy = *r.startBy
+	}
+	return t
 }
 
 // describeRow and describeProbe say in a few words what each store holds.
