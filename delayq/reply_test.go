@@ -76,7 +76,7 @@ func encodeReply(v any) []byte {
 var validReplies = []any{
 	[]any{int64(1), int64(0), int64(2)}, // enqueue
 	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0),
-		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, // claim
+		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""}, // claim
 	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
 	"1700000060.123", // extend
 	int64(0),         // lease lost
@@ -84,6 +84,9 @@ var validReplies = []any{
 	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                // stats
 	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "", "", "", "", "", "", "", int64(-2)}, // inspect 2 ids
 	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7)},                                    // claim, rate limited
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0),
+		"a", "p", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "", "1699999999.999",
+		"b", "p", int64(1), int64(25), int64(1), "tok.2", "1699999999.500", "", "1700000000.000"}, // claim, deadlines
 }
 
 func FuzzParseReplies(f *testing.F) {
@@ -100,8 +103,8 @@ func FuzzParseReplies(f *testing.F) {
 				if task.Queue != "q" {
 					t.Fatal("queue not set")
 				}
-				// The trace context is the group's last field, as sent.
-				if got := v.([]any)[claimHead+i*claimGroup+claimGroup-1]; got != task.TraceContext {
+				// The trace context is the group's eighth field, as sent.
+				if got := v.([]any)[claimHead+i*claimGroup+7]; got != task.TraceContext {
 					t.Fatalf("task %d: trace context %q, reply field %#v", i, task.TraceContext, got)
 				}
 			}
@@ -140,6 +143,10 @@ func TestParseValidReplies(t *testing.T) {
 	}
 	if c, err := parseClaim(validReplies[8], "q"); err != nil || c.NextDue != 0 || c.RateWait != 7*time.Millisecond {
 		t.Errorf("rate-limited claim %+v %v", c, err)
+	}
+	if c, err := parseClaim(validReplies[9], "q"); err != nil || len(c.Tasks) != 2 || !c.Tasks[0].Missed || c.Tasks[1].Missed ||
+		c.Tasks[0].StartBy.UnixMilli() != 1699999999999 || c.Tasks[1].StartBy.UnixMilli() != 1700000000000 {
+		t.Errorf("claim with deadlines %+v %v: a deadline before now is missed, one at now is not", c, err)
 	}
 	if until, ok, err := parseExtend(validReplies[3]); err != nil || !ok || until.UnixMilli() != 1700000060123 {
 		t.Errorf("extend %v %v %v", until, ok, err)
