@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -114,5 +115,46 @@ func TestSQLTxHandler(t *testing.T) {
 	}
 	if r := b.row(t, "typed", "garbled"); r.state != "dead" {
 		t.Errorf("garbled %+v", r)
+	}
+}
+
+// A database/sql run that outlives its lease while another run of the task
+// commits: the late run's guard refuses it and its writes roll back; one effect.
+func TestSQLTxHandlerLeaseExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db := b.sqlDB(t)
+	secondDone := make(chan struct{})
+	b.reaper(t, "q")
+	h := b.start(t, Config{Lease: 200 * time.Millisecond, HeartbeatInterval: -1}, func(w *Worker) {
+		_ = w.HandleSQLTx("q", db, func(ctx context.Context, tx *sql.Tx, tk *Task) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (task_id, attempt) VALUES ($1, $2)`, tk.ID, tk.Attempt); err != nil {
+				return err
+			}
+			if tk.Attempt == 1 {
+				select { // the lease expires meanwhile; attempt 2 commits
+				case <-secondDone:
+				case <-time.After(30 * time.Second):
+					return errors.New("attempt 2 never finished")
+				}
+			}
+			return nil
+		}, QueueConfig{})
+	})
+	b.enqueue(t, task("q", "x"))
+	second := h.expect(t, "x", outSucceeded)
+	if second.task.Attempt != 2 {
+		t.Fatalf("first to finish: attempt %d", second.task.Attempt)
+	}
+	close(secondDone)
+	first := h.next(t)
+	if first.task.Attempt != 1 || (first.out != outSuppressed && first.out != outLeaseLost) {
+		t.Errorf("late run: attempt %d %s", first.task.Attempt, first.out)
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects WHERE task_id = 'x'`); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects WHERE attempt = 2`); n != 1 {
+		t.Errorf("the effect is not the second run's")
 	}
 }
