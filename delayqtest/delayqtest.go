@@ -271,18 +271,7 @@ func find(ctx context.Context, t testing.TB, db Querier, want Want) []Enqueued {
 		t.Fatalf("delayqtest: read the outbox: %v", err)
 	}
 	defer rows.Close()
-	var out []Enqueued
-	for rows.Next() {
-		e := Enqueued{Queue: want.Queue}
-		if err := rows.Scan(&e.ID, &e.State, &e.Version, &e.Attempt, &e.MaxAttempts, &e.RunAt, &e.Payload); err != nil {
-			t.Fatalf("delayqtest: read the outbox: %v", err)
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("delayqtest: read the outbox: %v", err)
-	}
-	return out
+	return collect(t, rows, want.Queue)
 }
 
 func findSQL(ctx context.Context, t testing.TB, tx outbox.SQLQuerier, want Want) []Enqueued {
@@ -293,9 +282,22 @@ func findSQL(ctx context.Context, t testing.TB, tx outbox.SQLQuerier, want Want)
 		t.Fatalf("delayqtest: read the outbox: %v", err)
 	}
 	defer rows.Close()
+	return collect(t, rows, want.Queue)
+}
+
+// rowScanner is what pgx.Rows and *sql.Rows share.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// collect reads the rows of statements.Find.
+func collect(t testing.TB, rows rowScanner, queue string) []Enqueued {
+	t.Helper()
 	var out []Enqueued
 	for rows.Next() {
-		e := Enqueued{Queue: want.Queue}
+		e := Enqueued{Queue: queue}
 		if err := rows.Scan(&e.ID, &e.State, &e.Version, &e.Attempt, &e.MaxAttempts, &e.RunAt, &e.Payload); err != nil {
 			t.Fatalf("delayqtest: read the outbox: %v", err)
 		}
