@@ -33,12 +33,24 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
 	controls := fs.Bool("claim-controls", false, "give the workloads' queue a rate limit that never binds (10^6/s): the claim script's cost with its limiter at work")
 	rateBurst := fs.Int("rate-burst", 0, "the rate-limit workload's burst (0: the default, 100ms of starts at the limit)")
+	var soak bench.Soak
+	fs.IntVar(&soak.Rate, "soak-rate", 0, "soak: tasks committed a second (0: 500 times --scale)")
+	fs.DurationVar(&soak.Duration, "soak-duration", 0, "soak: how long the steady load lasts (0: 10m times --scale)")
+	fs.DurationVar(&soak.SampleEvery, "soak-sample", 0, "soak: time between samples (0: a twentieth of the run)")
+	fs.DurationVar(&soak.Retention, "soak-retention", 0, "soak: the relay's Retention, how long finished rows are kept (0: 5s)")
+	fs.DurationVar(&soak.RetentionInterval, "soak-retention-interval", 0, "soak: the relay's RetentionInterval (0: 1s)")
+	fs.IntVar(&soak.RetentionBatch, "soak-retention-batch", 0, "soak: the relay's RetentionBatch, rows a delete (0: the relay's default)")
+	soakOut := fs.String("soak-samples", "", "soak: append each sample to this file as a JSON line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (this process: relay, workers, producers) to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *scale <= 0 || *scale > 10 {
 		return usagef("--scale %v: want 0 < scale <= 10", *scale)
+	}
+	if soak.Rate < 0 || soak.Duration < 0 || soak.SampleEvery < 0 || soak.Retention < 0 || soak.RetentionInterval < 0 ||
+		soak.RetentionBatch < 0 || soak.RetentionBatch > 100000 {
+		return usagef("--soak-* flags: want durations and counts >= 0, --soak-retention-batch <= 100000")
 	}
 	names := fs.Args()
 	if len(names) == 0 {
@@ -72,11 +84,19 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *soakOut != "" {
+		f, err := os.OpenFile(*soakOut, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		soak.Samples = f
+	}
 	logger, err := newLogger(m, "text", "info") // soak's samples
 	if err != nil {
 		return err
 	}
-	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, RateBurst: *rateBurst, ClaimControls: *controls, Logger: logger}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, RateBurst: *rateBurst, ClaimControls: *controls, Soak: soak, Logger: logger}
 	var failed []string
 	for _, name := range names {
 		res, err := bench.Run(ctx, env, name)

@@ -46,7 +46,9 @@ type Env struct {
 	// (10^6 starts/s), so that drain and lateness measure the claim script with
 	// its limiter at work (the controls read, the GCRA step and its write).
 	ClaimControls bool
-	Logger        *slog.Logger
+	// Soak shapes the soak workload (zero: its documented size).
+	Soak   Soak
+	Logger *slog.Logger
 }
 
 // Figure is one measured number.
