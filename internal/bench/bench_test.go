@@ -57,12 +57,14 @@ func TestWorkloads(t *testing.T) {
 	}
 }
 
-// A full run is every workload but soak, which runs only by name; bounds comes last.
+// A full run is every workload but soak and prune, which run only by name; bounds
+// comes last.
 func TestFullRun(t *testing.T) {
 	t.Parallel()
 	all, full := Workloads(), FullRun()
-	if !slices.Contains(all, "soak") || slices.Contains(full, "soak") || len(full) != len(all)-1 {
-		t.Errorf("Workloads() = %v, FullRun() = %v: want soak in the first only", all, full)
+	if !slices.Contains(all, "soak") || slices.Contains(full, "soak") || !slices.Contains(all, "prune") ||
+		slices.Contains(full, "prune") || len(full) != len(all)-2 {
+		t.Errorf("Workloads() = %v, FullRun() = %v: want soak and prune in the first only", all, full)
 	}
 	if full[0] != "enqueue-tx" || full[len(full)-1] != "bounds" {
 		t.Errorf("FullRun() = %v: want enqueue-tx first, bounds last", full)
