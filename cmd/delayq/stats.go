@@ -20,14 +20,18 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 			"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n"+
 			"relay; LATENESS: how long the earliest ready task has been due (worker lag);\n"+
 			"OVERDUE: ready tasks due more than a minute ago and not claimed.\n"+
-			"The Postgres counts read every row of the queues.\n")
+			"PENDING, QUEUED and DEAD are exact (counted over their indexes). Above\n"+
+			"50,000 outbox rows DONE and CANCELLED are estimates from the planner's\n"+
+			"statistics (marked ~; \"estimated\": true in JSON); --exact counts them,\n"+
+			"reading every row.\n")
 	conn.register(fs, m, true, true)
 	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
 	asJSON := fs.Bool("json", false, "print the figures as JSON")
+	exact := fs.Bool("exact", false, "count the done and cancelled rows exactly, reading every row (default: estimated above 50,000 rows)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema}
+	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, ExactCounts: *exact}
 	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
 	if err != nil {
 		return err
@@ -52,8 +56,12 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
 	for _, s := range st {
 		p := s.Postgres
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
-			p["pending"], p["queued"], p["done"], p["dead"], p["cancelled"],
+		mark := ""
+		if s.Estimated {
+			mark = "~"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s%d\t%d\t%s%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
+			p["pending"], p["queued"], mark, p["done"], p["dead"], mark, p["cancelled"],
 			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead, s.Overdue,
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}

@@ -55,6 +55,11 @@ type Statements struct {
 	Prune                        string
 	StateCounts, StateCountsSome string
 	PendingLag, PendingLagSome   string
+	// LiveCounts, LiveCountsSome and FinishedEstimate: the counts of delayq
+	// stats at a cost independent of the table's size (StateCounts is the
+	// exact count of every row).
+	LiveCounts, LiveCountsSome string
+	FinishedEstimate           string
 
 	// Reconcile, check and the dead-letter tools.
 	AllQueues, CountQueue, Page, PageQueued, Exists, Lookup, Lock string
@@ -135,6 +140,11 @@ RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version,
 	ORDER BY queue, task_id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED`
+	const liveCounts = `SELECT queue, 'pending', count(*) FROM %[1]s WHERE state = 'pending'%[2]s GROUP BY queue
+UNION ALL
+SELECT queue, 'queued', count(*) FROM %[1]s WHERE state = 'queued'%[2]s GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY queue`
 	return Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
 		// $7 trace_context or NULL, $8 start_by or NULL.
@@ -344,8 +354,35 @@ WHERE ctid = ANY(ARRAY(
 		StateCounts:     fmt.Sprintf(`SELECT queue, state, count(*) FROM %s GROUP BY queue, state`, table),
 		StateCountsSome: fmt.Sprintf(`SELECT queue, state, count(*) FROM %s WHERE queue = ANY($1::text[]) GROUP BY queue, state`, table),
 
+		// The live and dead rows of each queue (pending, queued, dead), exactly,
+		// each state by an index-only scan of its partial index (every one holds the
+		// queue); LiveCountsSome: of the queues $1. They cost what those rows are,
+		// whatever the number of finished rows.
+		LiveCounts:     fmt.Sprintf(liveCounts, table, ""),
+		LiveCountsSome: fmt.Sprintf(liveCounts, table, " AND queue = ANY($1::text[])"),
+		// $1 schema. The table's row count as the planner estimates it (the last
+		// VACUUM or ANALYZE's count scaled to the table's current size, as the
+		// planner does), and, one row each, the done and cancelled shares of each
+		// queue from the extended statistics delayq_outbox_queue_state (migration
+		// 00012; NULL queue when ANALYZE has not built them yet). Reads catalogs only.
+		FinishedEstimate: `SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
+            THEN c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+            ELSE c.reltuples END,
+       m.queue, m.state, m.freq
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+LEFT JOIN LATERAL (
+	SELECT s.most_common_vals[i][array_position(s.attnames, 'queue')] AS queue,
+	       s.most_common_vals[i][array_position(s.attnames, 'state')] AS state,
+	       s.most_common_freqs[i] AS freq
+	FROM pg_stats_ext s, generate_subscripts(s.most_common_vals, 1) AS i
+	WHERE s.schemaname = $1 AND s.tablename = '` + TableName + `' AND s.statistics_name = 'delayq_outbox_queue_state'
+) AS m ON m.state IN ('done', 'cancelled')
+WHERE c.relname = '` + TableName + `' AND c.relkind = 'r'`,
+
 		// How long the oldest due pending row has waited for the relay, in seconds,
-		// on the database clock; over the partial index of pending rows.
+		// on the database clock; over the partial index of pending rows (an
+		// index-only scan: it carries the queue).
 		PendingLag: fmt.Sprintf(`SELECT queue, extract(epoch FROM now() - min(run_at))::float8
 FROM %s WHERE state = 'pending' AND run_at <= now() GROUP BY queue`, table),
 		PendingLagSome: fmt.Sprintf(`SELECT queue, extract(epoch FROM now() - min(run_at))::float8

@@ -57,7 +57,14 @@ type Options struct {
 	// Observer, when set, receives every inconsistency found, as it is found
 	// (repaired, or left alone), for metrics or tracing. Default nil.
 	Observer Observer
+	// ExactCounts makes Stats count the done and cancelled rows exactly, reading
+	// every row of the outbox, whatever its size. Default false: above
+	// EstimateFinishedAbove rows they are estimated from the planner's statistics
+	// and QueueStats.Estimated says so (the live and dead counts are always exact).
+	ExactCounts bool
 
+	// estimateAbove, set by tests, replaces EstimateFinishedAbove.
+	estimateAbove float64
 	// beforeSettle, set by tests, runs between the first read of a step and the
 	// second read that decides its repairs.
 	beforeSettle func(queue string, ids []string)
