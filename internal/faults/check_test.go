@@ -36,7 +36,10 @@ type outcome struct {
 	tasks, rolledBack, cancelled, dead, reruns        int
 	lost, duplicated, early                           int
 	rolledBackRun, cancelledRun, deadMismatch, incons int
-	maxLateness                                       time.Duration
+	// missed counts the tasks dead for their start deadline, never run; late the
+	// runs of a task with a deadline claimed after it (a violation).
+	missed, late int
+	maxLateness  time.Duration
 
 	samples map[string][]string
 }
@@ -147,6 +150,15 @@ func (s *system) check(ctx context.Context, l *load, o checkOpts) outcome {
 				res.note("cancelled_run", "%s: cancelled, but %d effects", k, n)
 			}
 		case "dead":
+			if _, ok := l.startBy[k]; ok && strings.Contains(r.lastError, "missed its start deadline") {
+				if n == 0 {
+					res.missed++
+				} else { // both run and handed to the missed-deadline hook
+					res.late++
+					res.note("run_late", "%s: dead for its start deadline, but %d effects", k, n)
+				}
+				continue
+			}
 			res.lost++
 			res.note("lost", "%s: dead after %d attempts (%s), but its handler never fails", k, r.attempt, r.lastError)
 		default:
@@ -185,6 +197,12 @@ func (s *system) check(ctx context.Context, l *load, o checkOpts) outcome {
 				res.early++
 				res.note("early", "%s: handler started at %s (local clock on the Redis clock), due %s", k, stamp(local), stamp(e.due))
 			}
+			// A task with a start deadline never runs after it (by the Redis clock,
+			// to the millisecond Redis keeps it).
+			if by, ok := l.startBy[k]; ok && e.claimedAt.After(by.Add(time.Millisecond)) {
+				res.late++
+				res.note("run_late", "%s: claimed at %s, start deadline %s", k, stamp(e.claimedAt), stamp(by))
+			}
 			if e.attempt == 1 {
 				late := e.claimedAt.Sub(e.due)
 				res.maxLateness = max(res.maxLateness, late)
@@ -216,6 +234,9 @@ func (s *system) check(ctx context.Context, l *load, o checkOpts) outcome {
 		s.scenario, res.tasks, o.faults, res.lost, res.duplicated, res.early,
 		res.rolledBack, res.rolledBackRun, res.cancelled, res.cancelledRun, res.dead, res.deadMismatch,
 		res.incons, res.reruns, res.maxLateness.Round(time.Millisecond), time.Since(s.started).Round(100*time.Millisecond))
+	if len(l.startBy) > 0 {
+		line += fmt.Sprintf(" deadlines=%d missed_deadline=%d run_late=%d", len(l.startBy), res.missed, res.late)
+	}
 	t.Log(line)
 	fmt.Println(line)
 	if len(lateness) > 0 {
@@ -224,7 +245,7 @@ func (s *system) check(ctx context.Context, l *load, o checkOpts) outcome {
 		t.Logf("claim lateness of first runs: p50 %v, p90 %v, p99 %v, max %v (%s)", pct(50), pct(90), pct(99), pct(100), latest)
 	}
 
-	if bad := res.lost + res.duplicated + res.early + res.rolledBackRun + res.cancelledRun + res.deadMismatch + res.incons; bad > 0 || !settled {
+	if bad := res.lost + res.duplicated + res.early + res.rolledBackRun + res.cancelledRun + res.deadMismatch + res.incons + res.late; bad > 0 || !settled {
 		cats := make([]string, 0, len(res.samples))
 		for c := range res.samples {
 			cats = append(cats, c)

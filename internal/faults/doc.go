@@ -15,7 +15,9 @@
 // between the Redis write and the Postgres commit, and at random; Redis restarted
 // without persistence, then reconcile; Postgres stopped, then killed (crash
 // recovery), started again each time; Redis slowed down and cut off behind a TCP
-// proxy; a worker whose clock is minutes off Redis's.
+// proxy; a worker whose clock is minutes off Redis's; every worker stopped while
+// tasks with start deadlines fall due (each then ran once by its deadline, or went
+// to the missed-deadline hook once and never ran).
 //
 // Each scenario prints one line to stdout (and the test log) in a stable format:
 //

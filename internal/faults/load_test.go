@@ -28,6 +28,10 @@ type load struct {
 	// reckons on the Redis clock); otherwise the task gets the Delay, on the
 	// database clock.
 	runAt func(d time.Duration) time.Time
+	// deadline, when set, gives about half of the tasks that do not fail a start
+	// deadline (outbox.Task.StartBy) 1 to deadline after their due time (local
+	// clock: the machine's, as the Redis clock).
+	deadline time.Duration
 
 	mu         sync.Mutex
 	committed  map[key]bool // commit returned nil
@@ -35,6 +39,7 @@ type load struct {
 	rolledBack map[key]bool // never committed (rolled back, or failed before the commit)
 	cancelled  map[key]bool // Cancel returned nil
 	failing    map[key]bool // meant to end dead (whatever their transaction's fate)
+	startBy    map[key]time.Time
 	errs       int
 	lastErr    error
 }
@@ -43,7 +48,7 @@ func (s *system) newLoad(n int, dur time.Duration) *load {
 	return &load{
 		s: s, n: n, dur: dur,
 		committed: map[key]bool{}, ambiguous: map[key]bool{}, rolledBack: map[key]bool{},
-		cancelled: map[key]bool{}, failing: map[key]bool{},
+		cancelled: map[key]bool{}, failing: map[key]bool{}, startBy: map[key]time.Time{},
 	}
 }
 
@@ -102,6 +107,15 @@ func (l *load) batch(seq, size int) ([]outbox.Task, []key) {
 			t.RunAt = l.runAt(delay)
 		} else {
 			t.Delay = delay
+		}
+		if l.deadline > 0 && string(t.Payload) == payloadOK && rand.IntN(2) == 0 {
+			t.StartBy = time.Now().Add(delay + between(time.Second, l.deadline))
+			if !t.RunAt.IsZero() {
+				t.StartBy = t.RunAt.Add(between(time.Second, l.deadline))
+			}
+			l.mu.Lock()
+			l.startBy[key{t.Queue, t.ID}] = t.StartBy
+			l.mu.Unlock()
 		}
 		tasks[j] = t
 	}
