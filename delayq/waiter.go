@@ -151,6 +151,32 @@ func (w *Waiter) Wait(ctx context.Context, m Mark, d time.Duration) error {
 	}
 }
 
+// Woken returns a channel that is closed once a wake-up for the queue of m arrives
+// after m was taken (already closed when one has): for a claimer that sleeps on
+// several queues at once in one select. Unlike Wait it neither caps the sleep at
+// Config.MaxWait nor watches the Waiter's Close: the caller does both.
+func (w *Waiter) Woken(m Mark) <-chan struct{} {
+	if m.st == nil {
+		return closedChan()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m.st.gen != m.gen {
+		return closedChan()
+	}
+	return m.st.ch
+}
+
+// MaxWait is the longest single wait (Config.MaxWait): the backstop against lost
+// wake-ups, for callers of Woken.
+func (w *Waiter) MaxWait() time.Duration { return w.maxWait }
+
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
 // Close ends the pub/sub connection. Waits in progress return ErrClosed.
 func (w *Waiter) Close() error {
 	w.mu.Lock()

@@ -46,6 +46,8 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 		listen          string
 		logFormat       string
 		logLevel        string
+		weights         string
+		strict          bool
 	)
 	fs := newFlagSet(m, "worker", "worker --queue NAME[,NAME...] --exec COMMAND [flags]",
 		"  delayq worker --queue mail --exec 'sendmail -t'              # payload on stdin\n"+
@@ -60,7 +62,14 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 			"(at-least-once): pass DELAYQ_IDEMPOTENCY_KEY on to the systems it calls. When\n"+
 			"the lease is lost or the shutdown timeout passes, the command gets SIGTERM, then\n"+
 			"SIGKILL after 10s. Handlers that write to PostgreSQL exactly once are Go code: see\n"+
-			"package delayq/worker.\n")
+			"package delayq/worker.\n"+
+			"\n"+
+			"  delayq worker --queue critical,default,low --weights critical=6,default=3,low=1 --exec ./run.sh\n"+
+			"\n"+
+			"With --weights the queues share --concurrency slots: free slots go to the queues\n"+
+			"with tasks due in proportion to their weights (6:3:1 above: 60 %, 30 %, 10 % of\n"+
+			"the starts while each has a backlog), or with --strict to the highest weight\n"+
+			"first, a lower queue only while every higher one has nothing due.\n")
 	conn.register(fs, m, true, true)
 	fs.StringVar(&queues, "queue", "", "comma-separated queues to work on (required)")
 	fs.StringVar(&command, "exec", "", "shell command run for each task (required)")
@@ -74,6 +83,8 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	fs.IntVar(&deadExit, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
 	fs.BoolVar(&clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
 	fs.StringVar(&listen, "listen", DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
+	fs.StringVar(&weights, "weights", "", "NAME=WEIGHT,... for every --queue (weights 1..1000): the queues share --concurrency slots by weight (default: each queue its own --concurrency)")
+	fs.BoolVar(&strict, "strict", false, "with --weights: strict priority, the highest weight with tasks due first")
 	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
@@ -99,6 +110,10 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	if concurrency < 1 {
 		return usagef("--concurrency %d: 1..1000", concurrency)
+	}
+	group, err := parseWeights(weights, strict, names, concurrency)
+	if err != nil {
+		return err
 	}
 	if deadExit < 0 || deadExit > 255 {
 		return usagef("--dead-exit-code %d: 1..255, or 0 for none", deadExit)
@@ -152,6 +167,11 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 			return usagef("%v", err)
 		}
 	}
+	if group != nil {
+		if err := w.Prioritize(*group); err != nil {
+			return usagef("--weights: %v", err)
+		}
+	}
 
 	admin, err := deps.startAdmin(listen, logger)
 	if err != nil {
@@ -161,7 +181,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	logger.Info("worker: starting",
 		"database", redactURL(conn.databaseURL), "redis", redactURL(conn.redisURL),
 		"schema", conn.schema, "prefix", conn.prefix, "queues", strings.Join(names, ","),
-		"concurrency", concurrency, "lease", eff.Lease.String(), "admin", adminAddr(admin))
+		"concurrency", concurrency, "weights", weights, "strict", strict, "lease", eff.Lease.String(), "admin", adminAddr(admin))
 
 	runErr := w.Run(ctx)
 	if admin != nil {
@@ -252,4 +272,39 @@ func (t *tailBuffer) tail(n int) string {
 		s = "…" + s[len(s)-n:]
 	}
 	return strings.ToValidUTF8(s, "")
+}
+
+// parseWeights reads --weights (NAME=WEIGHT,...), which must name every queue of
+// --queue once, into a priority group of concurrency slots; nil without --weights.
+func parseWeights(spec string, strict bool, queues []string, concurrency int) (*worker.PriorityGroup, error) {
+	if strings.TrimSpace(spec) == "" {
+		if strict {
+			return nil, usagef("--strict needs --weights")
+		}
+		return nil, nil
+	}
+	g := worker.PriorityGroup{Queues: map[string]int{}, Strict: strict, Concurrency: concurrency}
+	for item := range strings.SplitSeq(spec, ",") {
+		name, w, ok := strings.Cut(strings.TrimSpace(item), "=")
+		n, err := strconv.Atoi(w)
+		if !ok || err != nil {
+			return nil, usagef("--weights: %q is not NAME=WEIGHT", item)
+		}
+		if _, dup := g.Queues[name]; dup {
+			return nil, usagef("--weights: queue %q named twice", name)
+		}
+		g.Queues[name] = n
+	}
+	for _, q := range queues {
+		if _, ok := g.Queues[q]; !ok {
+			return nil, usagef("--weights: no weight for queue %q of --queue", q)
+		}
+	}
+	if len(g.Queues) != len(queues) {
+		return nil, usagef("--weights names a queue that is not in --queue")
+	}
+	if err := g.Validate(); err != nil {
+		return nil, usagef("--weights: %s", strings.TrimPrefix(err.Error(), worker.ErrInvalidConfig.Error()+": "))
+	}
+	return &g, nil
 }

@@ -52,7 +52,8 @@ func TestWorkerCommandUsage(t *testing.T) {
 		t.Fatalf("--help: exit %d", code)
 	}
 	for _, want := range []string{"-exec", "-queue", "-concurrency", "-lease", "-heartbeat", "-dead-exit-code", "-max-attempts",
-		"-backoff-base", "-backoff-max", "-shutdown-timeout", "-clear-payload", "-listen", "DELAYQ_TASK_ID", "standard input", "at-least-once"} {
+		"-backoff-base", "-backoff-max", "-shutdown-timeout", "-clear-payload", "-listen", "DELAYQ_TASK_ID", "standard input", "at-least-once",
+		"-weights", "-strict"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %s", want)
 		}
@@ -72,6 +73,11 @@ func TestWorkerCommandUsage(t *testing.T) {
 		{[]string{"--exec", "true", "--queue", "q", "--backoff-base", "-1s"}, "--backoff-base"},
 		{[]string{"--exec", "true", "--queue", "q", "--dead-exit-code", "300"}, "--dead-exit-code"},
 		{[]string{"--exec", "true", "--queue", "q", "extra"}, "unexpected argument"},
+		{[]string{"--exec", "true", "--queue", "q", "--strict"}, "--strict needs --weights"},
+		{[]string{"--exec", "true", "--queue", "a,b", "--weights", "a=2"}, `no weight for queue "b"`},
+		{[]string{"--exec", "true", "--queue", "a", "--weights", "a=2,b=1"}, "not in --queue"},
+		{[]string{"--exec", "true", "--queue", "a", "--weights", "a"}, "NAME=WEIGHT"},
+		{[]string{"--exec", "true", "--queue", "a,b", "--weights", "a=2,b=0"}, "weight 0"},
 	} {
 		code, _, errOut := runWorkerCmd(context.Background(), env, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut.String(), tc.want) || strings.Count(errOut.String(), "\n") != 1 {

@@ -84,6 +84,7 @@ type Worker struct {
 
 	mu      sync.Mutex
 	queues  map[string]*queue
+	prio    []*prioGroup // Prioritize's groups
 	running bool
 }
 
@@ -121,6 +122,9 @@ type queue struct {
 	// QueueConfig.Middleware.
 	mws   []Middleware
 	group *groups // while Run runs, with QueueConfig.GroupCommit
+	// prio is the queue's priority group (Prioritize), whose loop claims for it;
+	// nil: the queue's own claimLoop.
+	prio *prioGroup
 }
 
 // New returns a Worker that runs tasks from Redis (dq), records their completion
@@ -267,7 +271,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	for _, q := range queues {
-		loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, runs) })
+		if q.prio == nil {
+			loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, runs) })
+		}
+	}
+	for _, g := range w.prio {
+		loops.Go(func() { w.groupLoop(ctx, hard, waiter, g, runs) })
 	}
 	w.log.Info("worker: started", "queues", len(queues), "lease", w.cfg.Lease)
 	<-ctx.Done()

@@ -98,7 +98,7 @@ func Workloads() []string {
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
 		"drain-tx-group": 5, "drain-tx-write-group": 6, "drain-plain": 7, "lateness": 8, "memory": 9, "recovery": 10,
-		"redis-loss": 11, "redis-loss-restart": 12, "redis-loss-failover": 13, "idle": 14, "rate-limit": 15, "bounds": 16, "prune": 17, "soak": 18}
+		"redis-loss": 11, "redis-loss-restart": 12, "redis-loss-failover": 13, "idle": 14, "rate-limit": 15, "priority": 16, "bounds": 17, "prune": 18, "soak": 19}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

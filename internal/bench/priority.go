@@ -1,0 +1,133 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/outbox"
+)
+
+// priorityWeights are the priority workload's queues and weights.
+var priorityWeights = []struct {
+	name   string
+	weight int
+}{{"high", 6}, {"mid", 3}, {"low", 1}}
+
+// priorityWorkers and prioritySlots: the workers serving the group, and the
+// group's slots in each.
+const (
+	priorityWorkers = 2
+	prioritySlots   = 16
+)
+
+// priority: a backlog of 10,000 tasks in each of three queues weighted 6:3:1 in one
+// priority group, 2 workers of 16 shared slots each, a no-op plain handler; the
+// share of each queue among the first 10,000 starts (every queue still has a
+// backlog then: high needs 6,000), and its error relative to the weight's share.
+func priority(ctx context.Context, s *session, r *Result) error {
+	per := s.n(10_000)
+	starts := per // the high queue's share of them (60 %) stays below its backlog
+	weights := map[string]int{}
+	total := 0
+	for _, q := range priorityWeights {
+		weights[q.name] = q.weight
+		total += q.weight
+	}
+	r.Params["workers"], r.Params["slots_per_worker"], r.Params["weights"] = priorityWorkers, prioritySlots, "high 6, mid 3, low 1"
+	r.Params["backlog_per_queue"], r.Params["starts_counted"] = per, starts
+
+	tasks := make([]outbox.Task, 0, 10_000)
+	for _, q := range priorityWeights {
+		for i := 0; i < per; i += 10_000 {
+			tasks = tasks[:0]
+			for j := i; j < min(i+10_000, per); j++ {
+				tasks = append(tasks, outbox.Task{Queue: q.name, ID: fmt.Sprintf("task-%d", j), Payload: payload20})
+			}
+			if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
+				return err
+			}
+		}
+	}
+	stopRelay, err := s.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
+		n, err := s.countState(ctx, "queued")
+		return n == 3*per, err
+	})
+	if serr := stopRelay(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return err
+	}
+
+	var (
+		mu    sync.Mutex
+		order []string // the queue of each start, in start order
+	)
+	handle := func(_ context.Context, t *worker.Task) error {
+		mu.Lock()
+		order = append(order, t.Queue)
+		mu.Unlock()
+		return nil
+	}
+	var stops []func() error
+	for range priorityWorkers {
+		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		if err != nil {
+			return err
+		}
+		for _, q := range priorityWeights {
+			if err := w.Handle(q.name, handle, worker.QueueConfig{Concurrency: prioritySlots}); err != nil {
+				return err
+			}
+		}
+		if err := w.Prioritize(worker.PriorityGroup{Queues: weights, Concurrency: prioritySlots}); err != nil {
+			return err
+		}
+		stops = append(stops, s.background(ctx, w.Run))
+	}
+	start := time.Now()
+	err = waitFor(ctx, 10*time.Minute, "the starts", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) >= starts, nil
+	})
+	elapsed := time.Since(start)
+	for _, stop := range stops {
+		if serr := stop(); err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	count := map[string]int{}
+	for _, q := range order[:starts] {
+		count[q]++
+	}
+	r.Checks = map[string]int64{}
+	var worst float64
+	for _, q := range priorityWeights {
+		want := float64(q.weight) / float64(total)
+		got := float64(count[q.name]) / float64(starts)
+		off := 100 * math.Abs(got-want) / want
+		worst = max(worst, off)
+		r.add("share_"+q.name, 100*got, fmt.Sprintf("%% of starts (weight %d: %.0f %%)", q.weight, 100*want))
+		r.add("share_"+q.name+"_error", off, "% off its weight's share")
+		r.Checks["starts_"+q.name] = int64(count[q.name])
+	}
+	r.add("starts_rate", float64(starts)/elapsed.Seconds(), "starts/s")
+	if worst > 5 {
+		return fmt.Errorf("a queue's share is %.1f %% off its weight's (more than 5 %%): %v", worst, count)
+	}
+	return nil
+}
