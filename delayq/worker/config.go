@@ -166,25 +166,31 @@ type QueueConfig struct {
 	GroupCommit GroupCommit
 }
 
-// MaxGroupTasks is the most runs one group transaction holds: each run is a
-// subtransaction that writes (its completion), and Postgres keeps the ids of 64
-// such subtransactions per transaction in shared memory; past them every snapshot
+// MaxGroupTasks is the most runs one group transaction holds: each run that
+// writes is a subtransaction, and Postgres keeps the ids of 64 such
+// subtransactions per transaction in shared memory; past them every snapshot
 // taken anywhere in the database gets slower until the transaction ends
 // (subtransaction overflow).
 const MaxGroupTasks = 64
 
 // GroupCommit runs the handlers of several due tasks of a transactional queue in
-// one Postgres transaction, one after another on one connection, each inside a
-// savepoint of its own that begins with the task's completion guard. A handler
-// that fails (or a guard that refuses) rolls back to its own savepoint only: that
-// task is retried (or settled) as in a transaction of its own, and the others
-// commit together, with one commit (one disk flush) for the group. The guarantee is
-// the same: a task's effect commits together with its completion, or not at all.
+// one Postgres transaction, one after another on one connection, each handler's
+// writes inside a savepoint of its own, opened by its first statement. The
+// completion guards of the group go in one statement with the COMMIT: a group of
+// handlers that write nothing is one round trip. A handler that fails rolls back
+// to its own savepoint only: that task is retried as in a transaction of its own,
+// and the others commit together, with one commit (one disk flush) for the group.
+// The guarantee is the same: a task's effect commits together with its
+// completion, or not at all. When a guard refuses a task whose handler wrote (it
+// finished, was cancelled or rescheduled while its handler ran), the group is
+// rolled back and the other handlers that wrote run again without it, in the same
+// attempt: a handler's effects outside Postgres may happen twice, as after a
+// crash.
 //
 // Use it for short handlers whose writes do not hold contended locks: every row a
-// handler locks, and the task's outbox row, stay locked until the whole group
-// commits, up to MaxWait plus the handlers' time after the handler ran, and a
-// task's completion waits for the handlers queued ahead of it in its group.
+// handler locks stays locked until the whole group commits, up to MaxWait plus
+// the handlers' time after the handler ran, and a task's completion waits for the
+// handlers queued ahead of it in its group.
 type GroupCommit struct {
 	// MaxTasks is the most runs of one transaction; 0 turns group commit off.
 	// Concurrency/MaxTasks groups (rounded up) run at once, each on a connection

@@ -63,17 +63,22 @@
 // # Group commit
 //
 // With QueueConfig.GroupCommit, a transactional queue runs several due tasks in
-// one Postgres transaction: one after another on one connection, each inside a
-// savepoint of its own that begins with the task's completion guard (a task
-// finished elsewhere is not run at all). A handler that fails, panics or leaves
-// the transaction aborted rolls back to its own savepoint, and its task is
-// retried as usual; the others commit together, with one commit for up to
-// GroupCommit.MaxTasks tasks (at most 64), and are acknowledged in Redis with one
-// call. A group takes more tasks for GroupCommit.MaxWait (2ms) after its first
-// began. When the commit fails, or its outcome is lost, every run of the group is
-// recorded as failed, which the outbox refuses for a task whose completion did
-// commit. It suits short handlers whose writes hold no contended locks: the rows
-// a handler locks stay locked until its group commits.
+// one Postgres transaction: one after another on one connection, each handler's
+// writes inside a savepoint of its own that its first statement opens (a handler
+// that writes nothing sends nothing). The completion guards of the whole group go
+// in one statement with the COMMIT, so a group of handlers that write nothing
+// costs one round trip. A handler that fails, panics or leaves the transaction
+// aborted rolls back to its own savepoint, and its task is retried as usual; the
+// others commit together, with one commit for up to GroupCommit.MaxTasks tasks (at
+// most 64), and are acknowledged in Redis with one call. When the guard of a task
+// that wrote refuses (the task finished, was cancelled or rescheduled meanwhile),
+// nothing of the group commits: the group is rolled back and the other handlers
+// that wrote run again, in the same attempt, without that task. A group takes
+// more tasks for GroupCommit.MaxWait (2ms) after its first began. When the commit
+// fails, or its outcome is lost, every run of the group is recorded as failed,
+// which the outbox refuses for a task whose completion did commit. It suits short
+// handlers whose writes hold no contended locks: the rows a handler locks stay
+// locked until its group commits.
 //
 // A plain handler (Handle) is for effects outside Postgres, such as an HTTP call.
 // It runs at least once; the completion is still recorded in the outbox after it

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,34 +14,54 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 )
 
 // Group commit (QueueConfig.GroupCommit): the runs of a queue go to a channel that
-// a few group loops serve, each on a connection of its own. A loop begins a
-// transaction with the first run it takes and gives every run a savepoint of its
-// own, opened together with the run's completion guard in one round trip:
+// a few group loops serve, each on a connection of its own. A loop runs the runs
+// it takes one after another in one transaction, and sends the guards of all of
+// them in one statement with the COMMIT:
 //
-//	BEGIN (the first run only); SAVEPOINT; guard
-//	the handler's statements
-//	ROLLBACK TO SAVEPOINT, when the handler failed
+//	[BEGIN;] SAVEPOINT delayq_group_i; the handler's first statement
+//	                                             (only a run whose handler sends any)
+//	the handler's other statements
+//	ROLLBACK TO SAVEPOINT delayq_group_i, when the handler failed
 //	... the next runs, until MaxTasks, MaxWait, or no run can join ...
-//	COMMIT
+//	GuardGroup (every run's guard); COMMIT       (one round trip)
 //
-// The guard comes first: a task someone else finished is not run at all, and a
-// handler's writes are never left without their completion. A failed run rolls
-// back to its savepoint and is retried as any failed run, after the commit; when
-// the commit fails, or its outcome is unknown, every run the group would have
-// committed is recorded as failed, a record the outbox refuses for a task whose
-// completion did commit (the guard's version check), which then settles as a
-// duplicate. Redis hears of the group's successes in one CompleteMany call.
+// A run whose handler sends nothing costs no round trip: a group of such runs is
+// one statement, the guards alone, committing on their own. The savepoints nest
+// (none is released: a RELEASE would cost a round trip) and only a failed run,
+// the innermost at that time, is rolled back to its own.
+//
+// The invariant is that a task's effect commits if and only if its completion
+// does. The guards run after the handlers, so a run whose guard refuses (its task
+// finished, cancelled or rescheduled meanwhile; a copy run elsewhere after a lost
+// lease) may have written. GuardGroup divides by zero when the guard of a run that
+// wrote refuses: the error aborts the transaction and Postgres skips the COMMIT
+// queued behind it, so nothing of the group commits. The loop then rolls the group
+// back, reads which runs were refused from their rows (a refusal is final: a row
+// never comes back to a version it left, nor leaves a finished state at it), and
+// runs the group again without them: the runs that wrote run their handlers
+// again in a new transaction, and every guard is sent again with its COMMIT. Each
+// pass drops at least one run, so a group ends. A refused run that wrote nothing
+// has nothing to roll back: GuardGroup reports it and the others commit.
+//
+// A failed run is retried as any failed run, after the commit; when the commit
+// fails, or its outcome is unknown, every run the group would have committed is
+// recorded as failed, a record the outbox refuses for a task whose completion did
+// commit (the version check), which then settles as a duplicate. Redis hears of
+// the group's successes in one CompleteMany call.
 
-// groupSavepoint is the savepoint of the run in progress. pgx's own savepoints
-// (a handler's tx.Begin) are named sp_<n>, the handler's transaction's own
-// delayq_handler (handlerTx.pgxTx).
-const groupSavepoint = "delayq_group"
+// groupSavepoint is the savepoint of the group's i-th run. Each run's has a name
+// of its own, so that rolling back to a savepoint that failed to open fails
+// rather than rolling back an earlier run's. pgx's own savepoints (a handler's
+// tx.Begin) are named sp_<n>, the handler's transaction's own delayq_handler
+// (handlerTx.pgxTx).
+func groupSavepoint(i int) string { return "delayq_group_" + strconv.Itoa(i) }
 
-// errGroupEnded is why a group's runs fail when a handler ended the group's
-// transaction itself (a COMMIT or ROLLBACK sent as SQL through tx.Conn()).
+// errGroupEnded is why a run fails when its handler ended the group's transaction
+// itself (a COMMIT or ROLLBACK sent as SQL through tx.Conn()).
 var errGroupEnded = errors.New("worker: a handler ended the group's transaction")
 
 // errHandlerAborted fails a run whose handler returned nil although one of its
@@ -91,9 +112,13 @@ func (g *groups) loop() {
 type member struct {
 	r       *run
 	skipped bool  // not run: its context ended first (lease lost, shutdown)
-	refused bool  // its guard matched no row: settled by the row's state
+	wrote   bool  // its handler sent statements, in its savepoint
+	refused bool  // its guard matched no row, or its task is in the group already: settled by the row's state
 	err     error // its handler failed; rolled back to its savepoint
 }
+
+// pending tells whether the run's completion is still to commit.
+func (m *member) pending() bool { return !m.skipped && !m.refused && m.err == nil }
 
 // next returns the next run to join the group before deadline: one waiting, or
 // one arriving, unless none can (every slot of the queue is held by a run in a
@@ -132,15 +157,12 @@ func (g *groups) run(first *run, timer *time.Timer, ms []member) []member {
 		g.settle([]member{{r: first, err: fmt.Errorf("acquire a connection: %w", err)}}, nil)
 		return ms
 	}
-	var (
-		broken error // the transaction's outcome is lost or unknown
-		begun  bool  // BEGIN was sent
-	)
+	c := conn.Conn()
+	var broken error // the transaction's outcome is lost or unknown
 	for r := first; ; {
-		var m member
-		m, broken = g.step(conn.Conn(), r, begun)
-		begun = begun || !m.skipped
-		ms = append(ms, m)
+		r.start = time.Now() // the run's duration is its handler's and its wait for the commit
+		ms = append(ms, member{r: r})
+		broken = g.step(c, ms, len(ms)-1)
 		if broken != nil || len(ms) == gc.MaxTasks {
 			break
 		}
@@ -149,102 +171,167 @@ func (g *groups) run(first *run, timer *time.Timer, ms []member) []member {
 			break
 		}
 	}
-	if begun && broken == nil {
-		broken = g.commit(conn.Conn())
+	if broken == nil {
+		broken = g.end(c, ms)
 	}
 	conn.Release() // the pool closes a connection left in a transaction
 	g.settle(ms, broken)
 	return ms
 }
 
-// step runs r in the group's transaction: its savepoint and guard, then its
-// handler. begun says an earlier run began the transaction (and opened a
-// savepoint). broken is not nil when the transaction can no longer commit.
-func (g *groups) step(c *pgx.Conn, r *run, begun bool) (m member, broken error) {
-	w, q, t := g.w, g.q, r.t
-	m.r = r
+// step runs ms[i] in the group's transaction: its handler, in its savepoint if
+// it sends anything. broken is not nil when the transaction can no longer commit.
+func (g *groups) step(c *pgx.Conn, ms []member, i int) (broken error) {
+	w, q := g.w, g.q
+	m := &ms[i]
+	r, t := m.r, m.r.t
+	*m = member{r: r} // a run again after a refusal starts afresh
 	if r.ctx.Err() != nil {
 		m.skipped = true
-		return m, nil
-	}
-	r.start = time.Now()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), w.cfg.OpTimeout)
-	defer cancel()
-
-	// The savepoints nest (each run's inside the one before), which saves a
-	// RELEASE a run: ROLLBACK TO rolls back to the innermost, this run's, and the
-	// COMMIT commits them all.
-	b := &pgx.Batch{}
-	if !begun {
-		b.Queue("BEGIN")
-	}
-	var saved, applied bool
-	b.Queue("SAVEPOINT " + groupSavepoint).Exec(func(pgconn.CommandTag) error {
-		saved = true
 		return nil
-	})
-	b.Queue(w.store.SQL.Guard, t.Queue, t.ID, t.Version, q.cfg.ClearPayload).Exec(func(tag pgconn.CommandTag) error {
-		applied = tag.RowsAffected() == 1
-		return nil
-	})
-	if err := c.SendBatch(ctx, b).Close(); err != nil {
-		m.err = fmt.Errorf("record completion: %w", err)
-		if !saved {
-			// Rolling back to the savepoint would roll back the runs before.
-			return m, m.err
+	}
+	for j := range ms[:i] {
+		if ms[j].pending() && ms[j].r.t.ID == t.ID {
+			// Claimed again (its first lease lost) while its first run waits for
+			// the commit: one guard of a key is one completion.
+			m.refused = true
+			return nil
 		}
-		return m, g.rollback(ctx, c, err)
 	}
-	if !applied {
-		m.refused = true
-		return m, nil
-	}
-
-	tx := &handlerTx{ctx: r.ctx, conn: c}
+	began := c.PgConn().TxStatus() != 'I' // an earlier run wrote
+	sp := groupSavepoint(i)
+	tx := &handlerTx{ctx: r.ctx, conn: c, sp: sp}
 	err := r.call(r.ctx, func(ctx context.Context) error { return q.tx(ctx, tx, t) })
 	err = cmp.Or(tx.err, err)
+	m.wrote = tx.spOpen
 	switch status := c.PgConn().TxStatus(); {
 	case c.IsClosed():
 		m.err = cmp.Or(err, errors.New("worker: the connection closed"))
-		return m, m.err
-	case status == 'I':
+		return m.err
+	case status == 'I' && (began || m.wrote):
+		// The runs before it are recorded as failed. (If the handler sent COMMIT,
+		// their writes committed ahead of their guards: handlerTx.Conn says not to.)
 		m.err = errGroupEnded
-		return m, errGroupEnded
+		return errGroupEnded
+	case status == 'E' && !m.wrote:
+		// Aborted, and not in this run's savepoint (which did not open).
+		m.err = cmp.Or(err, errHandlerAborted)
+		return m.err
 	case err == nil && status == 'E':
 		err = errHandlerAborted
 	}
-	if err != nil {
-		m.err = err
-		return m, g.rollback(ctx, c, err)
+	if err == nil {
+		return nil
 	}
-	return m, nil
-}
-
-// rollback rolls the transaction back to the savepoint of the run in progress,
-// after cause; the error is not nil when the transaction can no longer commit.
-func (g *groups) rollback(ctx context.Context, c *pgx.Conn, cause error) error {
-	if c.IsClosed() || c.PgConn().TxStatus() == 'I' {
-		return cause
+	m.err = err
+	if !m.wrote {
+		return nil
 	}
-	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT "+groupSavepoint); err != nil {
-		return fmt.Errorf("roll back to the run's savepoint: %w (after %w)", err, cause)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), w.cfg.OpTimeout)
+	defer cancel()
+	if _, rerr := c.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
+		return fmt.Errorf("roll back to the run's savepoint: %w (after %w)", rerr, err)
 	}
 	return nil
 }
 
-// commit commits the group; nil means it committed.
-func (g *groups) commit(c *pgx.Conn) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.hard), g.w.cfg.OpTimeout)
+// end sends the guards of the runs still to commit and the COMMIT, in one round
+// trip (the guards alone, committing on their own, when no run wrote). When the
+// guard of a run that wrote refused, it rolls the group back, marks the runs
+// whose rows refuse them, runs the others that wrote again, and ends again. nil
+// means every run still pending committed its completion.
+func (g *groups) end(c *pgx.Conn, ms []member) error {
+	w := g.w
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.hard), w.cfg.OpTimeout)
 	defer cancel()
-	if st := c.PgConn().TxStatus(); st != 'T' {
-		return fmt.Errorf("commit: transaction status %q", st)
+	for {
+		var (
+			idx   []int
+			done  []taskstate.Completion
+			wrote []bool
+		)
+		for i := range ms {
+			if m := &ms[i]; m.pending() {
+				idx = append(idx, i)
+				done = append(done, taskstate.Completion{Key: m.r.key(), ClearPayload: g.q.cfg.ClearPayload})
+				wrote = append(wrote, m.wrote)
+			}
+		}
+		inTx := c.PgConn().TxStatus() != 'I'
+		if len(idx) == 0 {
+			if inTx { // every run that wrote failed: nothing to commit
+				if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+					return fmt.Errorf("roll back: %w", err)
+				}
+			}
+			return nil
+		}
+		applied := make([]bool, len(idx))
+		b := &pgx.Batch{}
+		if err := w.store.QueueGuardGroup(b, done, wrote, applied); err != nil {
+			return fmt.Errorf("record completion: %w", err)
+		}
+		var tag pgconn.CommandTag
+		if inTx {
+			b.Queue("COMMIT").Exec(func(t pgconn.CommandTag) error {
+				tag = t
+				return nil
+			})
+		}
+		err := c.SendBatch(ctx, b).Close()
+		switch {
+		case err != nil && taskstate.RefusedByGuard(err) && inTx && !c.IsClosed():
+			// Nothing committed: the COMMIT was skipped.
+			if err := g.dropRefused(ctx, c, ms, idx); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("record completion: %w", err)
+		case inTx && tag.String() != "COMMIT": // Postgres answers ROLLBACK to a COMMIT it refused
+			return fmt.Errorf("commit: Postgres answered %s", tag)
+		}
+		for k, i := range idx {
+			ms[i].refused = !applied[k]
+		}
+		return nil
 	}
-	tag, err := c.Exec(ctx, "COMMIT")
+}
+
+// dropRefused follows a group whose guards refused a run that wrote: it rolls the
+// transaction back, marks the runs of idx that their rows refuse, and runs the
+// others that wrote again (their writes were rolled back).
+func (g *groups) dropRefused(ctx context.Context, c *pgx.Conn, ms []member, idx []int) error {
+	w := g.w
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		return fmt.Errorf("roll back a group whose guard refused a run: %w", err)
+	}
+	ids := make([]string, len(idx))
+	for k, i := range idx {
+		ids[k] = ms[i].r.t.ID
+	}
+	rows, err := w.store.Rows(ctx, c, g.q.name, ids)
 	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return fmt.Errorf("record completion: %w", err)
 	}
-	if tag.String() != "COMMIT" { // Postgres answers ROLLBACK to a COMMIT it refused
-		return fmt.Errorf("commit: Postgres answered %s", tag)
+	dropped := 0
+	for _, i := range idx {
+		t := ms[i].r.t
+		if st, ok := rows[t.ID]; !ok || st.State.Finished() || st.Version != t.Version {
+			ms[i].refused = true
+			dropped++
+		}
+	}
+	if dropped == 0 {
+		// A refusal is final; this one is not seen in the rows.
+		return errors.New("record completion: the guard refused a run whose row is live at its version")
+	}
+	for _, i := range idx {
+		if m := &ms[i]; m.wrote && !m.refused {
+			if err := g.step(c, ms, i); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

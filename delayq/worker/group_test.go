@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -296,5 +298,212 @@ func TestGroupCommitShutdown(t *testing.T) {
 	}
 	if st.Ready != 3 {
 		t.Errorf("Redis %+v, want the 3 tasks ready again", st)
+	}
+}
+
+// A group sends nothing for a run whose handler writes nothing, and a writing
+// run's first statement carries its savepoint (and the group's BEGIN, for the
+// first): the guards of the whole group go in one statement with the COMMIT.
+// Each case runs one group and checks the messages it sent, as TestHandlerTx
+// does for a transaction of its own; both with prepared statements and with the
+// simple protocol.
+func TestGroupCommitRoundTrips(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"cache_statement", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			testGroupCommitRoundTrips(t, mode)
+		})
+	}
+}
+
+func testGroupCommitRoundTrips(t *testing.T, execMode string) {
+	b := setup(t)
+	ctx := ctxT(t, time.Minute)
+	pool, log := tracedPool(t, withParam(t, b.url, "default_query_exec_mode", execMode))
+	const n = 4
+	write := func(ctx context.Context, tx pgx.Tx, tk *Task) error { return insertTxEffect(ctx, tx, tk) }
+	cases := []struct {
+		name    string
+		writes  func(i int) bool // which runs of the group write
+		trips   []string
+		effects int
+	}{{
+		name:   "no-op runs",
+		writes: func(int) bool { return false },
+		trips:  []string{"WITH"},
+	}, {
+		name:    "writing runs",
+		writes:  func(int) bool { return true },
+		trips:   []string{"BEGIN SAVEPOINT INSERT", "SAVEPOINT INSERT", "SAVEPOINT INSERT", "SAVEPOINT INSERT", "WITH COMMIT"},
+		effects: n,
+	}, {
+		name:    "no-op runs around a writing one",
+		writes:  func(i int) bool { return i == 2 },
+		trips:   []string{"BEGIN SAVEPOINT INSERT", "WITH COMMIT"},
+		effects: 1,
+	}}
+	for _, c := range cases {
+		q := queueName(c.name)
+		var tasks []outbox.Task
+		for i := range n {
+			tasks = append(tasks, task(q, fmt.Sprint(i)))
+		}
+		h := b.startOn(t, pool, Config{}, func(w *Worker) {
+			if err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+				var i int
+				if _, err := fmt.Sscan(tk.ID, &i); err != nil {
+					return err
+				}
+				if c.writes(i) {
+					return write(ctx, tx, tk)
+				}
+				return nil
+			}, groupOf(n)); err != nil {
+				t.Fatal(err)
+			}
+		})
+		log.take()
+		b.enqueue(t, tasks...) // on b.pool, not traced: in Redis at once, one group
+		for range n {
+			if f := h.next(t); f.out != outSucceeded {
+				t.Fatalf("%s: %s %s; log:\n%s", c.name, f.task.ID, f.out, h.logs)
+			}
+		}
+		h.stop()
+		if got := log.take(); !slices.Equal(got, c.trips) {
+			t.Errorf("%s: sent %q, want %q", c.name, got, c.trips)
+		}
+		if got := b.count(t, `SELECT count(*) FROM delayq_outbox WHERE queue = $1 AND state = 'done'`, q); got != n {
+			t.Errorf("%s: %d rows done, want %d", c.name, got, n)
+		}
+		if got := b.count(t, `SELECT count(*) FROM effects`); got != c.effects {
+			t.Errorf("%s: %d effect rows, want %d", c.name, got, c.effects)
+		}
+		if _, err := b.pool.Exec(ctx, `DELETE FROM effects`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A refused guard among runs that wrote nothing: the cancelled task is settled by
+// its row, and the others commit in the group's one statement.
+func TestGroupCommitRefusedNoOp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t, time.Minute)
+	pool, log := tracedPool(t, b.url)
+	ids := []string{"a", "b", "cancelled", "c"}
+	var tasks []outbox.Task
+	for _, id := range ids {
+		tasks = append(tasks, task("n", id))
+	}
+	b.enqueue(t, tasks...)
+	if err := b.ob.Cancel(ctx, b.pool, "n", "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	log.take()
+	h := b.startOn(t, pool, Config{}, func(w *Worker) {
+		_ = w.HandleTx("n", func(context.Context, pgx.Tx, *Task) error { return nil }, groupOf(len(ids)))
+	})
+	got := map[string]outcome{}
+	for range ids {
+		f := h.next(t)
+		got[f.task.ID] = f.out
+	}
+	h.stop()
+	for _, id := range ids {
+		want, state := outSucceeded, "done"
+		if id == "cancelled" {
+			want, state = outSuppressed, "cancelled"
+		}
+		if got[id] != want {
+			t.Errorf("%s: %s, want %s; log:\n%s", id, got[id], want, h.logs)
+		}
+		if r := b.row(t, "n", id); r.state != state {
+			t.Errorf("%s: state %s, want %s", id, r.state, state)
+		}
+	}
+	// One statement for the group; then the refused run's row is read.
+	if trips := log.take(); len(trips) == 0 || trips[0] != "WITH" || slices.Contains(trips, "BEGIN") || slices.Index(trips[1:], "WITH") >= 0 {
+		t.Errorf("sent %q, want the group's guards in one statement and no transaction", trips)
+	}
+	if s := h.w.Stats(); s.Succeeded != 3 || s.Suppressed != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// The guards of runs that wrote refuse after their handlers ran: one task is
+// cancelled and another completed by someone else (as a new holder of a lost
+// lease would) while their handlers run. Neither's effect commits: the group is
+// rolled back and run again without them, and the others commit together, each
+// effect once.
+func TestGroupCommitRefusedWriting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := []string{"a", "cancelled", "b", "taken", "c"}
+	var tasks []outbox.Task
+	for _, id := range ids {
+		tasks = append(tasks, task("w", id))
+	}
+	b.enqueue(t, tasks...)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	h := b.start(t, Config{}, func(w *Worker) {
+		_ = w.HandleTx("w", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
+			mu.Lock()
+			calls[tk.ID]++
+			mu.Unlock()
+			if err := insertTxEffect(ctx, tx, tk); err != nil {
+				return err
+			}
+			switch tk.ID { // on another connection: the group holds no lock on the rows yet
+			case "cancelled":
+				return b.ob.Cancel(ctx, b.pool, "w", tk.ID)
+			case "taken":
+				_, err := b.pool.Exec(ctx, `UPDATE delayq_outbox SET state = 'done' WHERE queue = 'w' AND task_id = $1`, tk.ID)
+				return err
+			}
+			return nil
+		}, groupOf(len(ids)))
+	})
+	got := map[string]outcome{}
+	for range ids {
+		f := h.next(t)
+		got[f.task.ID] = f.out
+	}
+	for _, id := range ids {
+		want, state, effects := outSucceeded, "done", 1
+		switch id {
+		case "cancelled":
+			want, state, effects = outSuppressed, "cancelled", 0
+		case "taken":
+			want, effects = outSuppressed, 0
+		}
+		if got[id] != want {
+			t.Errorf("%s: %s, want %s; log:\n%s", id, got[id], want, h.logs)
+		}
+		if r := b.row(t, "w", id); r.state != state {
+			t.Errorf("%s: state %s, want %s", id, r.state, state)
+		}
+		if n := b.count(t, `SELECT count(*) FROM effects WHERE task_id = $1`, id); n != effects {
+			t.Errorf("%s: %d effects, want %d", id, n, effects)
+		}
+	}
+	if n := b.count(t, `SELECT count(DISTINCT worker) FROM effects`); n != 1 {
+		t.Errorf("committed in %d transactions, want 1", n)
+	}
+	// The refused runs ran once; the others again after the roll back (twice:
+	// the first pass refused both at once).
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		want := 2
+		if id == "cancelled" || id == "taken" {
+			want = 1
+		}
+		if calls[id] != want {
+			t.Errorf("%s: handler called %d times, want %d", id, calls[id], want)
+		}
 	}
 }

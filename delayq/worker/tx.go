@@ -41,9 +41,20 @@ var ErrTxOwned = errors.New("worker: a TxHandler's transaction is committed or r
 // Whether the transaction has begun is read from the connection (the status of
 // its last ReadyForQuery), so a BEGIN that failed on the wire leaves no state
 // behind to correct.
+//
+// In a group commit (sp set), what travels with the first statement is the run's
+// savepoint instead, behind the group's BEGIN when no earlier run of the group
+// wrote: a run that writes nothing sends nothing. Whether the savepoint is open is
+// kept in spOpen, from the results of the message that carried it.
 type handlerTx struct {
 	ctx  context.Context // the run's: for LargeObjects and Conn, which take none
 	conn *pgx.Conn
+	// sp is the run's savepoint in a group commit; "" for a transaction of its own.
+	sp     string
+	spOpen bool
+	// shift is how many characters the statements sent ahead of the handler's
+	// first put ahead of its SQL in a simple-protocol batch.
+	shift int
 	// tx is pgx's own transaction, made only for savepoints and large objects
 	// (pgx's types for them need one). Its Commit and Rollback are never called.
 	tx pgx.Tx
@@ -59,19 +70,58 @@ type handlerTx struct {
 
 var _ pgx.Tx = (*handlerTx)(nil)
 
-// beginPrefix goes ahead of a statement without arguments: one simple-protocol
-// query runs both. pgx joins a simple-protocol batch's statements with "\n;", so a
-// queued BEGIN puts as many characters (batchShift) ahead of the handler's SQL.
-const (
-	beginPrefix = "BEGIN;\n"
-	batchShift  = len("BEGIN\n;")
-)
+// begun tells whether the run's transaction (in a group, its savepoint) is open.
+func (t *handlerTx) begun() bool {
+	if t.sp != "" {
+		return t.spOpen
+	}
+	return t.conn.PgConn().TxStatus() != 'I'
+}
 
-func (t *handlerTx) begun() bool { return t.conn.PgConn().TxStatus() != 'I' }
+var beginOnly = []string{"BEGIN"}
+
+// prefix is what opens the run's transaction, to go ahead of its first statement:
+// BEGIN; in a group, the run's savepoint, behind BEGIN when the group's
+// transaction has not begun.
+func (t *handlerTx) prefix() []string {
+	switch {
+	case t.sp == "":
+		return beginOnly
+	case t.conn.PgConn().TxStatus() == 'I':
+		return []string{"BEGIN", "SAVEPOINT " + t.sp}
+	}
+	return []string{"SAVEPOINT " + t.sp}
+}
+
+// prefixSQL is the prefix as one simple-protocol query.
+func (t *handlerTx) prefixSQL() string { return strings.Join(t.prefix(), ";\n") }
+
+// queuePrefix queues the prefix on b. pgx joins a simple-protocol batch's
+// statements with "\n;", so the prefix puts t.shift characters ahead of the
+// handler's SQL.
+func (t *handlerTx) queuePrefix(b *pgx.Batch) int {
+	p := t.prefix()
+	t.shift = 0
+	for _, s := range p {
+		b.Queue(s)
+		t.shift += len(s) + len("\n;")
+	}
+	return len(p)
+}
+
+// opened records that the prefix ran.
+func (t *handlerTx) opened() { t.spOpen = t.sp != "" }
 
 // begin begins the transaction on its own, for what cannot carry BEGIN.
 func (t *handlerTx) begin(ctx context.Context) error {
 	if t.begun() {
+		return nil
+	}
+	if t.sp != "" {
+		if _, err := t.conn.Exec(ctx, t.prefixSQL()); err != nil {
+			return err
+		}
+		t.opened()
 		return nil
 	}
 	tx, err := t.conn.BeginTx(ctx, pgx.TxOptions{})
@@ -89,17 +139,25 @@ func (t *handlerTx) resend(err error) bool {
 	return err != nil && !t.begun() && !t.conn.IsClosed()
 }
 
-// pgxTx returns pgx's transaction: a real BEGIN, or a savepoint when BEGIN has
-// gone out with an earlier statement.
+// pgxTx returns pgx's transaction: a real BEGIN (in a group, the run's
+// savepoint), or a savepoint when the transaction has begun with an earlier
+// statement.
 func (t *handlerTx) pgxTx(ctx context.Context) (pgx.Tx, error) {
 	if t.tx == nil {
 		opts := pgx.TxOptions{}
-		if t.begun() {
+		opening := !t.begun() && t.sp != ""
+		switch {
+		case opening:
+			opts.BeginQuery = t.prefixSQL()
+		case t.begun():
 			opts.BeginQuery = "SAVEPOINT delayq_handler"
 		}
 		tx, err := t.conn.BeginTx(ctx, opts)
 		if err != nil {
 			return nil, err
+		}
+		if opening {
+			t.opened()
 		}
 		t.tx = tx
 	}
@@ -151,15 +209,19 @@ func batchable(args []any) bool {
 	return len(args) > 0 // without arguments pgx uses the simple protocol
 }
 
-// withBegin sends BEGIN and the statement in one batch and reads BEGIN's result.
+// withBegin sends the prefix and the statement in one batch and reads the
+// prefix's results.
 func (t *handlerTx) withBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	n := t.queuePrefix(b)
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		return nil, cmp.Or(br.Close(), err)
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			return nil, cmp.Or(br.Close(), err)
+		}
 	}
+	t.opened()
 	return br, nil
 }
 
@@ -178,16 +240,22 @@ func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 func (t *handlerTx) execWithBegin(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
 	if len(args) == 0 {
 		// The simple protocol takes several statements in one message (and the
-		// handler's may itself be several); the tag is the last one's.
-		tag, err := t.conn.Exec(ctx, beginPrefix+sql)
-		return tag, t.unshift(err, len(beginPrefix), false)
+		// handler's may itself be several); the tag is the last one's. Nothing of
+		// it ran when it does not parse; else the prefix ran first, and a failure
+		// after it aborted the transaction.
+		pre := t.prefixSQL() + ";\n"
+		tag, err := t.conn.Exec(ctx, pre+sql)
+		if err == nil || t.conn.PgConn().TxStatus() == 'E' {
+			t.opened()
+		}
+		return tag, t.unshift(err, len(pre), false)
 	}
 	br, err := t.withBegin(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
-	return tag, t.unshift(cmp.Or(err, br.Close()), batchShift, true)
+	return tag, t.unshift(cmp.Or(err, br.Close()), t.shift, true)
 }
 
 func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -218,7 +286,7 @@ func (t *handlerTx) queryWithBegin(ctx context.Context, sql string, args []any) 
 			// query is sent through the rows, not as its error.
 			return rows, true, nil
 		}
-		return rows, true, t.unshift(err, batchShift, true)
+		return rows, true, t.unshift(err, t.shift, true)
 	}
 	return rows, true, nil
 }
@@ -241,12 +309,12 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 	if t.begun() || len(b.QueuedQueries) == 0 {
 		return t.conn.SendBatch(ctx, b)
 	}
-	// BEGIN goes ahead of copies of the caller's queries: pgx fills in a query
-	// when it sends it, and b may have to be sent again. A callback runs only for
-	// the batch the caller gets, with the results it gets.
+	// The prefix goes ahead of copies of the caller's queries: pgx fills in a
+	// query when it sends it, and b may have to be sent again. A callback runs
+	// only for the batch the caller gets, with the results it gets.
 	var sb *sentBatch
 	withBegin := &pgx.Batch{}
-	withBegin.Queue("BEGIN")
+	n := t.queuePrefix(withBegin)
 	for _, q := range b.QueuedQueries {
 		c := &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
 		if fn := q.Fn; fn != nil {
@@ -260,16 +328,19 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 		withBegin.QueuedQueries = append(withBegin.QueuedQueries, c)
 	}
 	br := t.conn.SendBatch(ctx, withBegin)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		if !t.resend(err) {
-			return pgx.FailedBatchResults(b, err)
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			if !t.resend(err) {
+				return pgx.FailedBatchResults(b, err)
+			}
+			if err := t.begin(ctx); err != nil {
+				return pgx.FailedBatchResults(b, err)
+			}
+			return t.conn.SendBatch(ctx, b)
 		}
-		if err := t.begin(ctx); err != nil {
-			return pgx.FailedBatchResults(b, err)
-		}
-		return t.conn.SendBatch(ctx, b)
 	}
+	t.opened()
 	sb = &sentBatch{BatchResults: br, t: t}
 	return sb
 }
@@ -318,7 +389,9 @@ func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 }
 
 // Conn begins the transaction, so that what the handler runs on the connection is
-// part of it.
+// part of it. The handler must not end the transaction through it (a COMMIT or
+// ROLLBACK sent as SQL): the run fails, and in a group commit so do the runs
+// before it, whose writes such a COMMIT would commit ahead of their completions.
 func (t *handlerTx) Conn() *pgx.Conn {
 	if err := t.begin(t.ctx); err != nil {
 		t.err = cmp.Or(t.err, err)
@@ -351,12 +424,12 @@ type sentBatch struct {
 
 func (b *sentBatch) Exec() (pgconn.CommandTag, error) {
 	tag, err := b.BatchResults.Exec()
-	return tag, b.t.unshift(err, batchShift, true)
+	return tag, b.t.unshift(err, b.t.shift, true)
 }
 
 func (b *sentBatch) Query() (pgx.Rows, error) {
 	rows, err := b.BatchResults.Query()
-	return &batchRows{Rows: rows, t: b.t}, b.t.unshift(err, batchShift, true)
+	return &batchRows{Rows: rows, t: b.t}, b.t.unshift(err, b.t.shift, true)
 }
 
 func (b *sentBatch) QueryRow() pgx.Row {
@@ -364,7 +437,7 @@ func (b *sentBatch) QueryRow() pgx.Row {
 	return &firstRow{rows: rows}
 }
 
-func (b *sentBatch) Close() error { return b.t.unshift(b.BatchResults.Close(), batchShift, true) }
+func (b *sentBatch) Close() error { return b.t.unshift(b.BatchResults.Close(), b.t.shift, true) }
 
 // batchRows are the rows of a statement in a batch behind BEGIN. Rows of the
 // handler's own statement (br set) close the batch when they are closed, also by
@@ -411,7 +484,7 @@ func (r *batchRows) Close() {
 	}
 }
 
-func (r *batchRows) Err() error { return r.t.unshift(cmp.Or(r.Rows.Err(), r.err), batchShift, true) }
+func (r *batchRows) Err() error { return r.t.unshift(cmp.Or(r.Rows.Err(), r.err), r.t.shift, true) }
 
 // failedRows are pgx's rows of a query that failed before it was sent.
 func failedRows(err error) pgx.Rows {

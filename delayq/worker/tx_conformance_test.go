@@ -858,18 +858,25 @@ func confRun(ctx context.Context, s confScript, tx pgx.Tx, r *confRec) (err erro
 // is committed when the script returns nil and rolled back otherwise (as the
 // worker does). Both must observe the same values, errors and command tags, and
 // leave the same rows committed. In every query execution mode pgx has, the simple
-// protocol among them (PgBouncer's transaction pooling).
+// protocol among them (PgBouncer's transaction pooling), and in a group commit,
+// where the handler's first statement carries its savepoint instead of BEGIN.
 func TestHandlerTxConformance(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			testHandlerTxConformance(t, mode)
-		})
+		for _, group := range []bool{false, true} {
+			name := mode
+			if group {
+				name += "/group"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				testHandlerTxConformance(t, mode, group)
+			})
+		}
 	}
 }
 
-func testHandlerTxConformance(t *testing.T, execMode string) {
+func testHandlerTxConformance(t *testing.T, execMode string, group bool) {
 	b := setup(t)
 	ctx := ctxT(t, 2*time.Minute)
 	if _, err := b.pool.Exec(ctx, `
@@ -883,6 +890,10 @@ func testHandlerTxConformance(t *testing.T, execMode string) {
 	// The worker runs script i as task "i" once: a second attempt (after a
 	// handler that returned nil in an aborted transaction) only ends the task.
 	recs := make(chan *confRec, 1)
+	qc := QueueConfig{Concurrency: 1}
+	if group {
+		qc.GroupCommit = GroupCommit{MaxTasks: 1}
+	}
 	h := b.startOn(t, confPool(t, url), Config{}, func(w *Worker) {
 		err := w.HandleTx("conf", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if tk.Attempt > 1 {
@@ -899,7 +910,7 @@ func testHandlerTxConformance(t *testing.T, execMode string) {
 				return NoRetry(err)
 			}
 			return nil
-		}, QueueConfig{Concurrency: 1})
+		}, qc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,9 +37,9 @@ type Statements struct {
 	// found nothing. Rows does the same for many ids of one queue.
 	Row, Rows string
 
-	// Worker: the completion guard in its three forms, the failure record, a
+	// Worker: the completion guard in its four forms, the failure record, a
 	// snoozed run's next run time, and a run's cancellation.
-	Guard, GuardAbort, GuardMany, RecordFailure, Snooze, CancelRun string
+	Guard, GuardAbort, GuardMany, GuardGroup, RecordFailure, Snooze, CancelRun string
 	// MissDeadline: a claim came after the task's start deadline (miss-deadline).
 	MissDeadline string
 
@@ -253,6 +253,38 @@ SET state = 'done', done_at = statement_timestamp(),
 FROM locked l
 WHERE t.queue = l.queue AND t.task_id = l.task_id
 RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone),
+
+		// Arrays $1 queue, $2 task_id, $3 version, $4 clear the payload, $5 the run
+		// wrote: the guards of a group commit's runs, in one statement ahead of its
+		// COMMIT (QueueGuardGroup). As GuardMany, and it returns the 1-based index
+		// of each completion it marked done (one row with NULL when none). When the
+		// guard of a run that wrote matches no row, it divides by zero instead: the
+		// error aborts the transaction, so the COMMIT queued behind it cannot commit
+		// that run's writes (SQLSTATE 22012). A key given twice is marked done once:
+		// the other is refused.
+		GuardGroup: fmt.Sprintf(`WITH k AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::boolean[], $5::boolean[])
+	  WITH ORDINALITY AS k(queue, task_id, version, clear, wrote, i)
+), locked AS (
+	SELECT t.queue, t.task_id, k.clear, k.i
+	FROM %[1]s t
+	JOIN k ON t.queue = k.queue AND t.task_id = k.task_id AND t.version = k.version
+	WHERE t.state IN ('pending', 'queued')
+	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
+	FOR UPDATE OF t
+), done AS (
+	UPDATE %[1]s t
+	SET state = 'done', done_at = statement_timestamp(),
+	    payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
+	FROM locked l
+	WHERE t.queue = l.queue AND t.task_id = l.task_id
+	RETURNING l.i
+), refused AS (
+	SELECT count(*) AS n FROM k
+	WHERE k.wrote AND NOT EXISTS (SELECT 1 FROM done d WHERE d.i = k.i)
+)
+SELECT d.i FROM refused r LEFT JOIN done d ON true
+WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone),
 
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
 		// $7 the delay before the next run in µs. A retry writes its next run time,

@@ -113,7 +113,7 @@ var Transitions = []Transition{
 	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
 		Postgres: "MarkInvalid", Order: PostgresOnly, Version: "kept"},
 	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
-		Postgres: "Guard, GuardAbort, GuardMany", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "Guard, GuardAbort, GuardMany, GuardGroup", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept"},
 	{Name: "fail-retry", From: []State{Pending, Queued}, To: Kept, By: Worker,
 		Postgres: "RecordFailure (attempt, error, next run_at)", Redis: "retry (token)", Order: PostgresThenRedis, Version: "kept"},
 	{Name: "fail-dead", From: []State{Pending, Queued}, To: Dead, By: Worker,

@@ -186,6 +186,36 @@ func (s *Store) MarkDoneMany(ctx context.Context, q Querier, done []Completion) 
 	return applied, nil
 }
 
+// QueueGuardGroup queues on b the guards of a group commit's runs (GuardGroup):
+// done[i] is run i's completion, wrote[i] says its handler sent statements in the
+// transaction. When b has run, applied[i] tells whether done[i] was marked done.
+// If the guard of a run that wrote is refused, the statement fails instead
+// (RefusedByGuard), aborting the transaction and whatever b queues after it.
+func (s *Store) QueueGuardGroup(b *pgx.Batch, done []Completion, wrote, applied []bool) error {
+	n := len(done)
+	if len(wrote) != n || len(applied) != n {
+		return fmt.Errorf("%w: %d completions, %d wrote flags, %d results", ErrInvalidArgument, n, len(wrote), len(applied))
+	}
+	queues, ids, versions, clear := make([]string, n), make([]string, n), make([]int32, n), make([]bool, n)
+	for i, c := range done {
+		if err := checkKey(c.Key); err != nil {
+			return err
+		}
+		queues[i], ids[i], versions[i], clear[i] = c.Queue, c.ID, int32(c.Version), c.ClearPayload
+	}
+	b.Queue(s.SQL.GuardGroup, queues, ids, versions, clear, wrote).Query(func(rows pgx.Rows) error {
+		var i *int64
+		_, err := pgx.ForEachRow(rows, []any{&i}, func() error {
+			if i != nil && *i >= 1 && *i <= int64(n) {
+				applied[*i-1] = true
+			}
+			return nil
+		})
+		return err
+	})
+	return nil
+}
+
 // Failure is one failed run, for RecordFailure.
 type Failure struct {
 	Key
