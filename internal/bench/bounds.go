@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,12 +31,13 @@ import (
 // clients), drain-tx's (32 clients: the guard alone, as the worker sends it for a
 // handler that wrote nothing) and drain-tx-write's (32 clients: BEGIN with the
 // handler's insert, then the guard with COMMIT, each pair pipelined, as the worker
-// sends them), the group-commit workloads' (8 clients: groups of 64 runs, each
-// run's savepoint and guard one round trip, with the insert after it for
-// drain-tx-write-group, one COMMIT a group; in tasks/s), the same group in one
-// round trip (what the group's round trips cost), and redis-benchmark running the
-// issue's three-command script (32 clients). The SQL is captured from a real Enqueue and a real worker run, so it is
-// delayq's, whatever it becomes. These are what Postgres and Redis do alone: no
+// sends them), the group-commit workloads' (8 clients, groups of 64 runs, in
+// tasks/s: drain-tx-group's group of no-op runs is its guards' one statement;
+// drain-tx-write-group's is a round trip a run, its savepoint with its insert,
+// then the guards with the COMMIT), the writing group in one round trip (what its
+// round trips a run cost), and redis-benchmark running the three-command
+// script (32 clients). The SQL is captured from a real Enqueue and real worker
+// runs, so it is delayq's, whatever it becomes. These are what Postgres and Redis do alone: no
 // delayq process runs meanwhile.
 func bounds(ctx context.Context, s *session, r *Result) error {
 	pgbench, err := findPgbench()
@@ -49,7 +51,7 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 	if _, err := s.pool.Exec(ctx, writeDDL); err != nil {
 		return err
 	}
-	enq, guardAlone, guardWrite, err := s.captureSQL(ctx)
+	enq, guardAlone, guardWrite, guardGroup, err := s.captureSQL(ctx)
 	if err != nil {
 		return err
 	}
@@ -91,39 +93,47 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 4 * $
 			"\\startpipeline\nBEGIN;\n%s;\n\\endpipeline\n"+
 			"\\startpipeline\n%s;\nCOMMIT;\n\\endpipeline\n", rows+1, 2*rows, write, guardNoAbort),
 	}
-	// The group-commit workloads' transactions: groupTasks runs, each a pipeline
-	// of its savepoint and guard (and, writing, its INSERT after), then one
-	// COMMIT; rows 2*rows+1..3*rows and 3*rows+1..4*rows, in blocks of groupTasks.
+	// The group-commit workloads' transactions, as the worker sends them:
+	// groupTasks runs on rows 2*rows+1..3*rows (no-op runs: the guards alone) and
+	// 3*rows+1..4*rows (writing runs), in blocks of groupTasks.
+	// group-write-pipelined.sql sends group-write.sql's statements in one round
+	// trip: what Postgres does for the group when the round trips a run are not
+	// counted.
 	groupTasks := groupCommit.GroupCommit.MaxTasks
-	// group-pipelined.sql sends group.sql's statements in one round trip: what
-	// Postgres does for a group when the round trips a run are not counted.
 	for _, g := range []struct {
 		name            string
 		first           int
 		write, pipeline bool
-	}{{"group.sql", 2 * rows, false, false}, {"group-write.sql", 3 * rows, true, false}, {"group-pipelined.sql", 2 * rows, false, true}} {
+	}{{"group.sql", 2 * rows, false, false}, {"group-write.sql", 3 * rows, true, false}, {"group-write-pipelined.sql", 3 * rows, true, true}} {
 		var b strings.Builder
 		fmt.Fprintf(&b, "\\set id random(0, %d)\n", max(rows/groupTasks-1, 0))
+		base := fmt.Sprintf("(%d + :id * %d)", g.first+1, groupTasks)
+		guards := groupGuard(guardGroup, base, groupTasks)
+		if !g.write {
+			b.WriteString(guards + ";\n")
+			scripts[g.name] = b.String()
+			continue
+		}
 		if g.pipeline {
 			b.WriteString("\\startpipeline\n")
 		}
-		b.WriteString("BEGIN;\n")
 		for k := range groupTasks {
-			id := fmt.Sprintf("('g-' || (%d + :id * %d + %d))", g.first+1, groupTasks, k)
-			guard := strings.Replace(oneLine(guardAlone), "('g-' || :id)", id, 1)
-			if g.pipeline {
-				fmt.Fprintf(&b, "SAVEPOINT delayq_group;\n%s;\n", guard)
-				continue
+			id := fmt.Sprintf("('g-' || (%s + %d))", base, k)
+			if !g.pipeline {
+				b.WriteString("\\startpipeline\n")
 			}
-			fmt.Fprintf(&b, "\\startpipeline\nSAVEPOINT delayq_group;\n%s;\n\\endpipeline\n", guard)
-			if g.write {
-				fmt.Fprintf(&b, "%s;\n", strings.Replace(write, "('g-' || :id)", id, 1))
+			if k == 0 {
+				b.WriteString("BEGIN;\n")
+			}
+			fmt.Fprintf(&b, "SAVEPOINT delayq_group_%d;\n%s;\n", k, strings.Replace(write, "('g-' || :id)", id, 1))
+			if !g.pipeline {
+				b.WriteString("\\endpipeline\n")
 			}
 		}
-		b.WriteString("COMMIT;\n")
-		if g.pipeline {
-			b.WriteString("\\endpipeline\n")
+		if !g.pipeline {
+			b.WriteString("\\startpipeline\n")
 		}
+		b.WriteString(guards + ";\nCOMMIT;\n\\endpipeline\n")
 		scripts[g.name] = b.String()
 	}
 	for name, body := range scripts {
@@ -140,7 +150,7 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 4 * $
 		{"drain_tx_write_bound", "write.sql", 32},
 		{"drain_tx_group_bound", "group.sql", 8},
 		{"drain_tx_write_group_bound", "group-write.sql", 8},
-		{"drain_tx_group_one_round_trip_bound", "group-pipelined.sql", 8},
+		{"drain_tx_write_group_one_round_trip_bound", "group-write-pipelined.sql", 8},
 	} {
 		tps, err := runPgbench(ctx, pgbench, s.env.DatabaseURL, filepath.Join(dir, b.script), b.clients, secs)
 		if err != nil {
@@ -177,40 +187,45 @@ func findRedisBenchmark() (string, error) {
 	return p, nil
 }
 
-// captureSQL runs one real Enqueue in a transaction and two real transactional
+// captureSQL runs one real Enqueue in a transaction and three real transactional
 // worker runs, one whose handler writes nothing and one that inserts into the
-// write table, on a pool that records the SQL it sends. It returns the enqueue
-// statement and the two runs' completion guards with their arguments written in
-// as literals, the task ids as pgbench expressions.
-func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWrite string, err error) {
+// write table, and one in a group commit, on a pool that records the SQL it
+// sends. It returns the enqueue statement and the first two runs' completion
+// guards with their arguments written in as literals, the task ids as pgbench
+// expressions, and the group's guards as sent (groupGuard writes its arguments).
+func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWrite, guardGroup string, err error) {
 	rec := &sqlRecorder{}
 	cfg := s.pool.Config()
 	cfg.ConnConfig.Tracer = rec
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	defer pool.Close()
 
-	const enqID, aloneID, writeID = "bound-enqueue-capture", "bound-guard-capture", "bound-write-capture"
+	const enqID, aloneID, writeID, groupID = "bound-enqueue-capture", "bound-guard-capture", "bound-write-capture", "bound-group-capture"
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bound", ID: enqID, Payload: payload20, Delay: time.Hour})
 		return err
 	}); err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
-	for _, id := range []string{aloneID, writeID} {
-		if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: "bound", ID: id, Payload: payload20}); err != nil {
-			return "", "", "", err
+	for _, id := range []string{aloneID, writeID, groupID} {
+		q := "bound"
+		if id == groupID {
+			q = "bound-group"
 		}
-		if _, err := s.dq.Enqueue(ctx, "bound", delayq.Task{ID: id, Payload: payload20, Version: 1}); err != nil {
-			return "", "", "", err
+		if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: q, ID: id, Payload: payload20}); err != nil {
+			return "", "", "", "", err
+		}
+		if _, err := s.dq.Enqueue(ctx, q, delayq.Task{ID: id, Payload: payload20, Version: 1}); err != nil {
+			return "", "", "", "", err
 		}
 	}
 	w, err := worker.New(pool, s.dq, s.ob, worker.Config{})
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	if err := w.HandleTx("bound", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
 		if t.ID != writeID {
@@ -219,15 +234,19 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 		_, err := tx.Exec(ctx, writeSQL, t.ID)
 		return err
 	}, worker.QueueConfig{}); err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
+	}
+	if err := w.HandleTx("bound-group", func(context.Context, pgx.Tx, *worker.Task) error { return nil },
+		worker.QueueConfig{GroupCommit: worker.GroupCommit{MaxTasks: 2, MaxWait: time.Millisecond}}); err != nil {
+		return "", "", "", "", err
 	}
 	stop := s.background(ctx, w.Run)
-	err = waitFor(ctx, time.Minute, "the captured run", func() (bool, error) { return w.Stats().Succeeded == 2, nil })
+	err = waitFor(ctx, time.Minute, "the captured runs", func() (bool, error) { return w.Stats().Succeeded == 3, nil })
 	if serr := stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 
 	ids := map[string]string{
@@ -243,15 +262,36 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 			guardAlone, err = withLiterals(q.sql, q.args, ids)
 		case strings.Contains(q.sql, "'done'") && containsArg(q.args, writeID):
 			guardWrite, err = withLiterals(q.sql, q.args, ids)
+		case strings.Contains(q.sql, "'done'") && len(q.args) == 5 && slices.Equal(anyStrings(q.args[1]), []string{groupID}):
+			guardGroup = oneLine(q.sql)
 		}
 		if err != nil {
-			return "", "", "", err
+			return "", "", "", "", err
 		}
 	}
-	if enqueue == "" || guardAlone == "" || guardWrite == "" {
-		return "", "", "", errors.New("bounds: did not see the enqueue statement and the worker's two guards")
+	if enqueue == "" || guardAlone == "" || guardWrite == "" || guardGroup == "" {
+		return "", "", "", "", errors.New("bounds: did not see the enqueue statement and the worker's three guards")
 	}
-	return enqueue, guardAlone, guardWrite, nil
+	return enqueue, guardAlone, guardWrite, guardGroup, nil
+}
+
+func anyStrings(v any) []string { s, _ := v.([]string); return s }
+
+// groupGuard writes the arguments of a group's guards (captured with its $1..$5:
+// queues, ids, versions, clear payload, wrote) for n runs of queue bound whose
+// ids are 'g-' || (base + k), k < n, as a pgbench statement. No run is said to
+// have written: a block of rows drawn twice is done already, and the refused
+// guard of a run that wrote would abort the transaction and end the pgbench
+// client.
+func groupGuard(sql, base string, n int) string {
+	args := map[string]string{
+		"$1": fmt.Sprintf("array_fill('bound'::text, ARRAY[%d])", n),
+		"$2": fmt.Sprintf("ARRAY(SELECT 'g-' || (%s + k) FROM generate_series(0, %d) AS k)", base, n-1),
+		"$3": fmt.Sprintf("array_fill(1, ARRAY[%d])", n),
+		"$4": fmt.Sprintf("array_fill(false, ARRAY[%d])", n),
+		"$5": fmt.Sprintf("array_fill(false, ARRAY[%d])", n),
+	}
+	return placeholder.ReplaceAllStringFunc(sql, func(p string) string { return args[p] })
 }
 
 // sqlRecorder is a pgx tracer that keeps every statement and its arguments.
