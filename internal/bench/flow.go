@@ -275,7 +275,8 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		if err != nil {
 			return err
 		}
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		var claims claimCounter
+		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{Observer: &claims})
 		if err != nil {
 			return err
 		}
@@ -298,12 +299,14 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		if err != nil {
 			return err
 		}
+		cpuBefore := s.cpu(ctx)
 		start := time.Now()
 		stop := s.background(ctx, w.Run)
 		err = waitFor(ctx, 10*time.Minute, "the drain", func() (bool, error) {
 			return w.Stats().Succeeded >= int64(n), nil
 		})
 		elapsed := time.Since(start)
+		cpuAfter := s.cpu(ctx)
 		if serr := stop(); err == nil {
 			err = serr
 		}
@@ -318,6 +321,12 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 			name += "_group"
 		}
 		r.add(name, float64(n)/elapsed.Seconds(), "tasks/s")
+		// The drain's CPU per task (the relay stopped before it): the worker in
+		// this process, Postgres and Redis.
+		r.addCPU("drain", cpuBefore, cpuAfter, n)
+		if c := claims.calls.Load(); c > 0 {
+			r.add("drain_tasks_per_claim", float64(claims.tasks.Load())/float64(c), "tasks")
+		}
 		// What the finished tasks left in Redis: their keys (none by default: a
 		// task is deleted at its ack), and the server's memory against before.
 		left, err := s.taskKeys(ctx, "bench")
@@ -344,6 +353,20 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		return nil
 	}
 }
+
+// claimCounter is an Observer counting the claims that leased tasks, and those
+// tasks.
+type claimCounter struct{ calls, tasks atomic.Int64 }
+
+func (c *claimCounter) Claim(_ context.Context, e worker.ClaimEvent) {
+	if e.Claimed > 0 {
+		c.calls.Add(1)
+		c.tasks.Add(int64(e.Claimed))
+	}
+}
+
+func (*claimCounter) RunStart(ctx context.Context, _ *worker.Task) context.Context { return ctx }
+func (*claimCounter) RunEnd(context.Context, *worker.Task, worker.RunEndEvent)     {}
 
 // lateness: tasks due 5 s after the workers start, spread evenly over 1 s, going
 // the whole way (outbox, relay, Redis, worker); handler start − due time.
