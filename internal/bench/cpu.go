@@ -138,7 +138,9 @@ func (r *Result) addCPU(prefix string, before, after cpuTimes, tasks int) {
 		b, a time.Duration
 	}{{"go", before.self, after.self}, {"postgres", before.postgres, after.postgres}, {"redis", before.redis, after.redis}} {
 		if p.b >= 0 && p.a >= 0 && tasks > 0 {
-			r.add(prefix+"_cpu_"+p.name, float64(p.a-p.b)/float64(time.Microsecond)/float64(tasks), "µs/task")
+			// max: a Postgres child that exited between the readings and was not
+			// reaped yet is in neither; rare, and never below zero.
+			r.add(prefix+"_cpu_"+p.name, float64(max(p.a-p.b, 0))/float64(time.Microsecond)/float64(tasks), "µs/task")
 		}
 	}
 	if before.redisCmds >= 0 && after.redisCmds >= 0 && tasks > 0 {
