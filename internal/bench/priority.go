@@ -29,7 +29,10 @@ const (
 // share of each queue among the first 10,000 starts (every queue still has a
 // backlog then: high needs 6,000), and its error relative to the weight's share.
 func priority(ctx context.Context, s *session, r *Result) error {
-	per := s.n(10_000)
+	// At least 1,000 a queue even at CI's tiny scales: the shares are decided by
+	// the weights only once the starts far outnumber the 32 slots (a first claim
+	// fills every slot at once, in an order the scheduler picks).
+	per := max(s.n(10_000), 1_000)
 	starts := per // the high queue's share of them (60 %) stays below its backlog
 	weights := map[string]int{}
 	total := 0
