@@ -37,11 +37,16 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 		return nil, nil
 	}
 	cmds := make([]*redis.Cmd, len(queues))
-	send := func(idx []int) {
+	send := func(idx []int, eval bool) {
 		// The error is in the commands too, read below.
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range idx {
-				cmds[i] = c.s.stats.EvalSha(ctx, p, []string{keys[i].Ready, keys[i].Active, keys[i].Dead})
+				k := []string{keys[i].Ready, keys[i].Active, keys[i].Dead}
+				if eval {
+					cmds[i] = c.s.stats.Eval(ctx, p, k)
+				} else {
+					cmds[i] = c.s.stats.EvalSha(ctx, p, k)
+				}
 			}
 			return nil
 		})
@@ -50,7 +55,7 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 	for i := range all {
 		all[i] = i
 	}
-	send(all)
+	send(all, false)
 	var again []int
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -58,10 +63,9 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 		}
 	}
 	if len(again) > 0 {
-		if err := c.s.stats.Load(ctx, c.rdb).Err(); err != nil {
-			return nil, fmt.Errorf("delayq: stats: load script: %w", err)
-		}
-		send(again)
+		// EVAL, not SCRIPT LOAD: an operator's ACL user may run scripts without
+		// being allowed to load them (docs/SECURITY.md), and EVAL caches it too.
+		send(again, true)
 	}
 	out := make([]QueueStats, len(queues))
 	for i, q := range queues {
