@@ -73,6 +73,44 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 	}
 }
 
+// queueBacklog is how many tasks, due now, a workload puts in one queue.
+type queueBacklog struct {
+	queue string
+	n     int
+}
+
+// fillBacklogs writes each queue's tasks (ids task-0, task-1, ...) into the
+// outbox in batches of 10,000 and has the relay move all of them to Redis, so a
+// workload's workers start with every backlog in place.
+func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) error {
+	total := 0
+	tasks := make([]outbox.Task, 0, 10_000)
+	for _, b := range backlogs {
+		total += b.n
+		for i := 0; i < b.n; i += 10_000 {
+			tasks = tasks[:0]
+			for j := i; j < min(i+10_000, b.n); j++ {
+				tasks = append(tasks, outbox.Task{Queue: b.queue, ID: fmt.Sprintf("task-%d", j), Payload: payload20})
+			}
+			if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
+				return err
+			}
+		}
+	}
+	stopRelay, err := s.startRelay(ctx)
+	if err != nil {
+		return err
+	}
+	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
+		n, err := s.countState(ctx, "queued")
+		return n == total, err
+	})
+	if serr := stopRelay(); err == nil {
+		err = serr
+	}
+	return err
+}
+
 func (s *session) countState(ctx context.Context, state string) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE state = $1", state).Scan(&n)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq/worker"
-	"github.com/delayq/delayq/outbox"
 )
 
 // priorityWeights are the priority workload's queues and weights.
@@ -43,30 +42,11 @@ func priority(ctx context.Context, s *session, r *Result) error {
 	r.Params["workers"], r.Params["slots_per_worker"], r.Params["weights"] = priorityWorkers, prioritySlots, "high 6, mid 3, low 1"
 	r.Params["backlog_per_queue"], r.Params["starts_counted"] = per, starts
 
-	tasks := make([]outbox.Task, 0, 10_000)
+	var backlogs []queueBacklog
 	for _, q := range priorityWeights {
-		for i := 0; i < per; i += 10_000 {
-			tasks = tasks[:0]
-			for j := i; j < min(i+10_000, per); j++ {
-				tasks = append(tasks, outbox.Task{Queue: q.name, ID: fmt.Sprintf("task-%d", j), Payload: payload20})
-			}
-			if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
-				return err
-			}
-		}
+		backlogs = append(backlogs, queueBacklog{q.name, per})
 	}
-	stopRelay, err := s.startRelay(ctx)
-	if err != nil {
-		return err
-	}
-	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-		n, err := s.countState(ctx, "queued")
-		return n == 3*per, err
-	})
-	if serr := stopRelay(); err == nil {
-		err = serr
-	}
-	if err != nil {
+	if err := s.fillBacklogs(ctx, backlogs...); err != nil {
 		return err
 	}
 
@@ -97,7 +77,7 @@ func priority(ctx context.Context, s *session, r *Result) error {
 		stops = append(stops, s.background(ctx, w.Run))
 	}
 	start := time.Now()
-	err = waitFor(ctx, 10*time.Minute, "the starts", func() (bool, error) {
+	err := waitFor(ctx, 10*time.Minute, "the starts", func() (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(order) >= starts, nil

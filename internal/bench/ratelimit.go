@@ -39,33 +39,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	if _, err := s.dq.SetControls(ctx, "limited", c.Version, delayq.Controls{Rate: c.Rate}); err != nil {
 		return err
 	}
-	for _, q := range []struct {
-		name string
-		n    int
-	}{{"limited", limited}, {"other", other}} {
-		tasks := make([]outbox.Task, 0, 10_000)
-		for i := 0; i < q.n; i += 10_000 {
-			tasks = tasks[:0]
-			for j := i; j < min(i+10_000, q.n); j++ {
-				tasks = append(tasks, outbox.Task{Queue: q.name, ID: fmt.Sprintf("task-%d", j), Payload: payload20})
-			}
-			if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
-				return err
-			}
-		}
-	}
-	stopRelay, err := s.startRelay(ctx)
-	if err != nil {
-		return err
-	}
-	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-		q, err := s.countState(ctx, "queued")
-		return q == limited+other, err
-	})
-	if serr := stopRelay(); err == nil {
-		err = serr
-	}
-	if err != nil {
+	if err := s.fillBacklogs(ctx, queueBacklog{"limited", limited}, queueBacklog{"other", other}); err != nil {
 		return err
 	}
 
