@@ -73,6 +73,17 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 	}
 }
 
+// stopAll stops every one of stops, in order, and returns err, or else the first
+// error a stop returned.
+func stopAll(err error, stops []func() error) error {
+	for _, stop := range stops {
+		if serr := stop(); err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
 // queueBacklog is how many tasks, due now, a workload puts in one queue.
 type queueBacklog struct {
 	queue string

@@ -83,11 +83,7 @@ func priority(ctx context.Context, s *session, r *Result) error {
 		return len(order) >= starts, nil
 	})
 	elapsed := time.Since(start)
-	for _, stop := range stops {
-		if serr := stop(); err == nil {
-			err = serr
-		}
-	}
+	err = stopAll(err, stops)
 	if err != nil {
 		return err
 	}

@@ -79,11 +79,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 		defer mu.Unlock()
 		return len(claims) > 0 && claims[len(claims)-1].Sub(claims[0]) >= window, nil
 	})
-	for _, stop := range stops {
-		if serr := stop(); err == nil {
-			err = serr
-		}
-	}
+	err = stopAll(err, stops)
 	if err != nil {
 		return err
 	}
