@@ -243,17 +243,17 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 	}
 	// A retry waits its delay, also across a Redis flush and reconcile (the
 	// failure writes its next run time to Postgres): attempt a+1 of a version is
-	// claimed no sooner than the earliest run of attempt a plus the least delay
-	// its outcome asks for (RetryAfter's, or the backoff's lower bound).
+	// claimed no sooner than the latest run of attempt a claimed before it plus
+	// the least delay its outcome asks for (RetryAfter's, or the backoff's lower
+	// bound). Attempt numbers may rewind: a claim whose worker died is counted in
+	// Redis alone (a lost lease is not a recorded failure), so a Redis rebuilt
+	// from Postgres counts again from the last recorded failure, and attempt a can
+	// run again after attempt a+1 did. Hence the latest earlier run, not the first.
 	type va struct{ inc, version, attempt int }
-	first := map[va]modelRun{}
+	latest := map[va]modelRun{}
 	for _, r := range runs { // in claim order
-		if _, ok := first[va{r.inc, r.version, r.attempt}]; !ok {
-			first[va{r.inc, r.version, r.attempt}] = r
-		}
-	}
-	for _, r := range runs {
-		prev, ok := first[va{r.inc, r.version, r.attempt - 1}]
+		prev, ok := latest[va{r.inc, r.version, r.attempt - 1}]
+		latest[va{r.inc, r.version, r.attempt}] = r
 		if !ok {
 			continue
 		}
