@@ -70,6 +70,9 @@ FROM generate_series(1, 20000) AS i`)
 		{"pending lag of queues", st.PendingLagSome, []any{[]string{"q1", "q2"}}, "Index Only Scan using delayq_outbox_pending_run_at_idx"},
 		{"mark invalid", st.MarkInvalid, []any{tids, errs}, "Tid Scan"},
 		{"prune", st.Prune, []any{(7 * 24 * time.Hour).Microseconds(), 1000}, "delayq_outbox_done_at_idx"},
+		{"guard", st.Guard, []any{"q1", "t41", 1, false}, "delayq_outbox_pkey"},
+		{"guard many", st.GuardMany, []any{[]string{"q1", "q2"}, []string{"t41", "t42"}, []int32{1, 1}, []bool{false, false}}, "delayq_outbox_pkey"},
+		{"guard a group's runs", st.GuardGroup, []any{[]string{"q1", "q2", "q3"}, []string{"t41", "t42", "t43"}, []int32{1, 1, 1}, []bool{false, false, false}, []bool{true, false, false}}, "delayq_outbox_pkey"},
 		{"retry dead", st.RetryDead, []any{[]string{"q1"}, []string{"t52"}, 1000}, "delayq_outbox_pkey"},
 		{"retry dead, edited", st.RetryDeadEdited, []any{"q2", "t52", 1, []byte(`{}`)}, "delayq_outbox_pkey"},
 	} {
