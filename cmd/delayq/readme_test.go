@@ -110,11 +110,15 @@ func TestREADMECommands(t *testing.T) {
 		var stdout, stderr lockedBuffer
 		done := make(chan int, 1)
 		go func() { done <- NewMain(&stdout, &stderr, getenv).Run(ctx, args) }()
+		var code int
 		if args[0] == "relay" {
-			time.Sleep(500 * time.Millisecond) // a long-running sidecar: let it work, then stop it
+			// A long-running sidecar: once it says it started, stop it.
+			code = waitStarted(t, done, &stderr, "relay: started")
 			cancel()
 		}
-		code := <-done
+		if args[0] != "relay" || code == -1 {
+			code = <-done
+		}
 		cancel()
 		if code != 0 {
 			t.Fatalf("delayq %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, stdout.String(), stderr.String())
@@ -129,6 +133,25 @@ func TestREADMECommands(t *testing.T) {
 			}
 		}
 	}
+}
+
+// waitStarted waits until stderr holds the line that says the command started
+// and returns -1, or returns the command's exit code if it ended first.
+func waitStarted(t *testing.T, done <-chan int, stderr *lockedBuffer, started string) int {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(stderr.String(), started) {
+		select {
+		case code := <-done:
+			return code
+		case <-deadline:
+			t.Fatalf("no %q in a minute; stderr: %s", started, stderr.String())
+		case <-tick.C:
+		}
+	}
+	return -1
 }
 
 // takesPrefix reports whether the (sub)command has a --prefix flag, from its help.
