@@ -246,15 +246,15 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 	out := make([]bool, 0, len(repairs))
 	for start := 0; start < len(repairs); start += maxRepair {
 		batch := repairs[start:min(start+maxRepair, len(repairs))]
-		args := make([]any, 0, 2+9*len(batch))
+		args := make([]any, 0, 2+10*len(batch))
 		args = append(args, k.Wake, len(batch))
 		for _, r := range batch {
 			switch r.Op {
 			case RepairKill:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "", "")
+				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "", "", "")
 				continue
 			case RepairRemove, RepairExpire:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "", "")
+				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "", "", "")
 				continue
 			}
 			t := r.Task
@@ -269,9 +269,9 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 			if ver == 0 {
 				ver = 1
 			}
-			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver, startByArg(t.StartBy))
+			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver, startByArg(t.StartBy), t.Priority)
 		}
-		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}, args...)
+		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority}, args...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: repair %s: %w", queue, err)
 		}

@@ -10,6 +10,7 @@ const DefaultPrefix = "dq"
 // With prefix "dq" and queue "payment":
 //
 //	dq:{payment}:ready          ZSET  member = task id, score = due time
+//	dq:{payment}:prio           ZSET  the ready tasks with a priority (Priority)
 //	dq:{payment}:active         ZSET  member = task id, score = lease deadline
 //	dq:{payment}:dead           ZSET  member = task id, score = time of death
 //	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
@@ -25,6 +26,12 @@ type Keys struct {
 	Ready  string
 	Active string
 	Dead   string
+	// Priority is the queue's priority index: every ready task with a priority
+	// (Task.Priority 1..9) is in it as well as in Ready, with score
+	// (9 - priority) * 10^13 + its due time in Unix ms, so the claim script finds
+	// the due tasks of the highest priority first. It exists only while the queue
+	// has such a task.
+	Priority string
 	// TaskPrefix is the prefix of the task hash keys; TaskKey appends the id.
 	TaskPrefix string
 	// Control is the queue's controls (a HASH: v version, p "1" while paused),
@@ -51,6 +58,7 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		Ready:      base + "ready",
 		Active:     base + "active",
 		Dead:       base + "dead",
+		Priority:   base + "prio",
 		TaskPrefix: base + "t:",
 		Control:    base + "ctl",
 		History:    base + "h:",
@@ -73,6 +81,7 @@ func registryKey(prefix string) string { return prefix + ":queues" }
 //	t  lease token, only while active
 //	e  last error summary, after a failure
 //	d  start deadline in Unix ms, only for a task that has one (outbox.Task.StartBy)
+//	y  priority 1..9, only for a task that has one (absent = 0; outbox.Task.Priority)
 //
 // A new task is written with p and only the fields that differ from their defaults,
 // so a ready task with default settings is a one-field hash. Scripts read both forms.

@@ -17,6 +17,7 @@ func TestKeysFor(t *testing.T) {
 		Ready:      "dq:{payment}:ready",
 		Active:     "dq:{payment}:active",
 		Dead:       "dq:{payment}:dead",
+		Priority:   "dq:{payment}:prio",
 		TaskPrefix: "dq:{payment}:t:",
 		Control:    "dq:{payment}:ctl",
 		History:    "dq:{payment}:h:",

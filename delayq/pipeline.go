@@ -63,7 +63,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 			part := b.Tasks[start:min(start+c.cfg.EnqueueBatch, len(b.Tasks))]
 			calls = append(calls, call{
 				batch: i, start: start, n: len(part),
-				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead},
+				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority},
 				args: c.enqueueArgs(k, part, true),
 			})
 		}
@@ -128,7 +128,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
 func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
-	args := make([]any, 0, 3+8*len(tasks))
+	args := make([]any, 0, 3+9*len(tasks))
 	replace := "0"
 	if replaceFinished {
 		replace = "1"
@@ -146,7 +146,7 @@ func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
 		if ver == 0 {
 			ver = 1
 		}
-		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy))
+		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy), t.Priority)
 	}
 	return args
 }

@@ -336,7 +336,7 @@ func parseStats(v any) (Stats, error) {
 	return s, nil
 }
 
-const inspectGroup = 8
+const inspectGroup = 9
 
 func parseInspect(v any, ids []string) ([]TaskInfo, error) {
 	a, err := asArray(v, "inspect")
@@ -401,6 +401,11 @@ func parseInspect(v any, ids []string) ([]TaskInfo, error) {
 		if ttl > 0 {
 			ti.TTL = time.Duration(ttl) * time.Millisecond
 		}
+		pr, err := asNumber(g[8], "inspect priority")
+		if err != nil {
+			return nil, err
+		}
+		ti.Priority = int(pr)
 		out[i] = ti
 	}
 	return out, nil

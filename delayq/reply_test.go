@@ -80,10 +80,10 @@ var validReplies = []any{
 	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
 	"1700000060.123", // extend
 	int64(0),         // lease lost
-	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                // reap
-	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                // stats
-	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "", "", "", "", "", "", "", int64(-2)}, // inspect 2 ids
-	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7)},                                    // claim, rate limited
+	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                         // reap
+	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                         // stats
+	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "7", "", "", "", "", "", "", "", int64(-2), ""}, // inspect 2 ids
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7)},                                             // claim, rate limited
 	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0),
 		"a", "p", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "", "1699999999.999",
 		"b", "p", int64(1), int64(25), int64(1), "tok.2", "1699999999.500", "", "1700000000.000"}, // claim, deadlines
@@ -164,7 +164,7 @@ func TestParseValidReplies(t *testing.T) {
 	}
 	ti, err := parseInspect(validReplies[7], []string{"a", "b"})
 	if err != nil || ti[0].State != StateReady || ti[0].MaxAttempts != 25 || ti[0].Score.UnixMilli() != 1700000000123 ||
-		ti[1].State != StateMissing {
+		ti[0].Priority != 7 || ti[1].State != StateMissing || ti[1].Priority != 0 {
 		t.Errorf("inspect %+v %v", ti, err)
 	}
 }
@@ -203,11 +203,11 @@ func TestParseMalformedReplies(t *testing.T) {
 		{"reap id", func() error { _, err := parseReap([]any{[]any{int64(1)}, []any{}, []any{}}); return err }},
 		{"stats", func() error { _, err := parseStats([]any{int64(1)}); return err }},
 		{"inspect status", func() error {
-			_, err := parseInspect([]any{"?", "", "", "", "", "", "", int64(-2)}, []string{"a"})
+			_, err := parseInspect([]any{"?", "", "", "", "", "", "", int64(-2), ""}, []string{"a"})
 			return err
 		}},
 		{"inspect number", func() error {
-			_, err := parseInspect([]any{"r", "", "x", "", "", "", "", int64(-2)}, []string{"a"})
+			_, err := parseInspect([]any{"r", "", "x", "", "", "", "", int64(-2), ""}, []string{"a"})
 			return err
 		}},
 	}

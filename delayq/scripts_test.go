@@ -34,7 +34,12 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	b.rdb.ZAdd(ctx, b.k.Active, redisZ("act", 1)) // expired, so reap would act
 	k, w := b.k, b.k.Wake
 	long := strings.Repeat("e", 4097)
-	task := func(id, due, max, attempt, ver string) []any { return []any{id, due, "payload", max, attempt, ver, ""} }
+	// A task's 9 arguments (id, due, payload, max, attempt, version, trace, start_by,
+	// priority), so that each case below fails on the field it names.
+	task := func(id, due, max, attempt, ver string) []any {
+		return []any{id, due, "payload", max, attempt, ver, "", "", "0"}
+	}
+	withPriority := func(p string) []any { t := task("n2", "now", "3", "0", "1"); t[8] = p; return t }
 	cat := func(parts ...[]any) []any {
 		var out []any
 		for _, p := range parts {
@@ -66,10 +71,11 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := func(due, max, attempt, ver string) []any {
-		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver}
+		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver, "", "0"}
 	}
-	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead}
-	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}
+	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority}
+	claimKeys := []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}
+	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority}
 	cases := []struct {
 		name   string
 		script *redis.Script
@@ -103,18 +109,22 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "-1", "1"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "0", "0"))},
 		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, task("n2", "now", "3", "0", "2147483648"))},
-		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, []any{"n2", "now", "payload", "3", "0", "1", strings.Repeat("c", 513)})},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, []any{"n2", "now", "payload", "3", "0", "1", strings.Repeat("c", 513), "", "0"})},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, withPriority("10"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, withPriority("-1"))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, withPriority(""))},
+		{"enqueue", s.enqueue, enq, cat([]any{w, "2", "0"}, good, withPriority("1.5"))},
 
-		{"claim", s.claim, enq, nil},
-		{"claim", s.claim, enq, []any{"0", "1000", "base"}},
-		{"claim", s.claim, enq, []any{"1001", "1000", "base"}},
-		{"claim", s.claim, enq, []any{"x", "1000", "base"}},
-		{"claim", s.claim, enq, []any{"1", "0", "base"}},
-		{"claim", s.claim, enq, []any{"1", "1.5", "base"}},
-		{"claim", s.claim, enq, []any{"1", "1099511627777", "base"}},
-		{"claim", s.claim, enq, []any{"1", "1000", ""}},
-		{"claim", s.claim, enq, []any{"1", "1000", strings.Repeat("b", 65)}},
-		{"claim", s.claim, enq, []any{"1", "1000", "base", "extra"}},
+		{"claim", s.claim, claimKeys, nil},
+		{"claim", s.claim, claimKeys, []any{"0", "1000", "base"}},
+		{"claim", s.claim, claimKeys, []any{"1001", "1000", "base"}},
+		{"claim", s.claim, claimKeys, []any{"x", "1000", "base"}},
+		{"claim", s.claim, claimKeys, []any{"1", "0", "base"}},
+		{"claim", s.claim, claimKeys, []any{"1", "1.5", "base"}},
+		{"claim", s.claim, claimKeys, []any{"1", "1099511627777", "base"}},
+		{"claim", s.claim, claimKeys, []any{"1", "1000", ""}},
+		{"claim", s.claim, claimKeys, []any{"1", "1000", strings.Repeat("b", 65)}},
+		{"claim", s.claim, claimKeys, []any{"1", "1000", "base", "extra"}},
 
 		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok}},
 		{"extend", s.extend, []string{k.Active, k.TaskPrefix}, []any{"act", tok, "0"}},
@@ -203,8 +213,10 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "0", "0", "1"))},
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "-1", "1"))},
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "0"))},
-		{"repair", repair, lease, cat([]any{w, "2"}, restore("now", "3", "0", "1"), []any{"frob", "rdy", "fp", "", "", "", "", ""})},
-		{"repair", repair, lease, cat([]any{w, "1"}, []any{"remove", "", "fp", "", "", "", "", ""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:9], []any{"10"})},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:9], []any{""})},
+		{"repair", repair, lease, cat([]any{w, "2"}, restore("now", "3", "0", "1"), []any{"frob", "rdy", "fp", "", "", "", "", "", "", ""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, []any{"remove", "", "fp", "", "", "", "", "", "", ""})},
 	}
 	snap := b.snapshot(t)
 	for i, tc := range cases {

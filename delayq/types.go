@@ -30,6 +30,10 @@ type Task struct {
 	// ClaimedTask.Missed, for the worker to settle. Zero: none (and no field in
 	// the task hash).
 	StartBy time.Time
+	// Priority orders the queue's due tasks: 0..9, higher first (0, the default,
+	// is the lowest). A task with a priority is kept in the task hash (field y) and
+	// in the queue's priority index (Keys.Priority); one without costs nothing.
+	Priority int
 }
 
 // EnqueueStatus tells what Enqueue did with one task.
@@ -161,4 +165,6 @@ type TaskInfo struct {
 	Score time.Time
 	// TTL is the remaining retention of a done task (0 when none).
 	TTL time.Duration
+	// Priority is the task's priority within its queue (0..9, higher first).
+	Priority int
 }

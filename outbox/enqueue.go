@@ -69,7 +69,7 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	}
 	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy},
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority},
 		func(scan func(...any) error) error {
 			var notified int64
 			res.Duplicate = false
@@ -131,6 +131,7 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		attempts = make([]int32, 0, len(tasks))
 		traces   []*string // nil while no task has a trace context
 		startBys = make([]*time.Time, 0, len(tasks))
+		prios    []int16 // nil while every task has priority 0
 	)
 	for _, i := range order {
 		t := &tasks[i]
@@ -154,13 +155,19 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 			traces = append(traces, w.trace)
 		}
 		startBys = append(startBys, w.startBy)
+		if w.priority != 0 && prios == nil {
+			prios = make([]int16, len(sent)-1, len(tasks))
+		}
+		if prios != nil {
+			prios = append(prios, w.priority)
+		}
 	}
 	var (
 		inserted int64
 		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
 		named    map[key]bool
 	)
-	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces, startBys},
+	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces, startBys, prios},
 		func(scan func(...any) error) error {
 			var (
 				n, notified int64

@@ -34,6 +34,9 @@ var (
 	// ErrInvalidTraceContext reports a Task.TraceContext longer than 512 bytes or
 	// with a byte outside printable ASCII (same value as in validate).
 	ErrInvalidTraceContext = validate.ErrInvalidTraceContext
+	// ErrInvalidPriority reports a Task.Priority outside 0..9 (same value as in
+	// delayq).
+	ErrInvalidPriority = validate.ErrInvalidPriority
 	// ErrInvalidConfig reports an invalid Config field, or an invalid argument to a
 	// worker-side call (version, attempt).
 	ErrInvalidConfig = errors.New("invalid outbox config")

@@ -43,6 +43,13 @@ type Task struct {
 	// same transaction, exactly once. Zero: no deadline. Must not be before
 	// RunAt.
 	StartBy time.Time
+	// Priority orders the tasks of the queue that are already due: 0..9, higher
+	// first; 0, the default, is the lowest (as the weights of worker.Prioritize:
+	// more is sooner). Among due tasks of one priority the earlier due time goes
+	// first. It never makes a task start before it is due, and the order is
+	// strict: a constant backlog of higher priorities starves the lower ones of
+	// the queue. Kept by Reschedule and by a retry from dead.
+	Priority int
 }
 
 // JSON encodes v as a payload.
@@ -65,7 +72,8 @@ var (
 
 // Validate checks t as Enqueue would, without touching the database. The error wraps
 // one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt,
-// ErrPayloadTooLarge, ErrInvalidMaxAttempts or ErrInvalidStartBy.
+// ErrPayloadTooLarge, ErrInvalidMaxAttempts, ErrInvalidStartBy, ErrInvalidTraceContext or
+// ErrInvalidPriority.
 func (c *Client) Validate(t Task) error {
 	if err := validate.Queue(t.Queue); err != nil {
 		return err
@@ -101,7 +109,7 @@ func (c *Client) Validate(t Task) error {
 	if err := validate.TraceContext(t.TraceContext); err != nil {
 		return err
 	}
-	return nil
+	return validate.Priority(t.Priority)
 }
 
 func checkRunAt(t time.Time) error {
@@ -123,6 +131,7 @@ type row struct {
 	maxAttempts int32
 	trace       *string    // nil: none (NULL)
 	startBy     *time.Time // nil: none
+	priority    int16
 }
 
 // row makes the row of t, enqueued with ctx.
@@ -133,6 +142,7 @@ func (c *Client) row(ctx context.Context, t Task) row {
 		delayUS:     t.Delay.Microseconds(),
 		payload:     t.Payload,
 		maxAttempts: int32(t.MaxAttempts),
+		priority:    int16(t.Priority),
 	}
 	if !t.RunAt.IsZero() {
 		at := t.RunAt

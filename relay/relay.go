@@ -186,6 +186,7 @@ type row struct {
 	version     int32
 	trace       *string // the enqueue's trace context, NULL for none
 	startBy     *time.Time
+	priority    int16
 }
 
 // round moves one batch: lock due rows and mark them queued (one statement),
@@ -215,7 +216,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
 		var x row
-		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy)
+		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy, &x.priority)
 		return x, err
 	})
 	if err != nil {
@@ -239,6 +240,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 		t := delayq.Task{
 			ID: x.id, Payload: x.payload, RunAt: x.runAt,
 			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
+			Priority: int(x.priority),
 		}
 		if x.trace != nil {
 			t.TraceContext = *x.trace

@@ -1,8 +1,10 @@
 -- claim: lease up to n due tasks of one queue.
 --
 -- "Now" is the Redis clock (TIME), in whole milliseconds. A task is due when its score
--- is <= now. Due tasks are taken in score order; tasks with equal scores come in
--- lexicographic order of their ids (ZSET order): there is no FIFO promise.
+-- is <= now. Due tasks with a priority (KEYS[6]) are taken first, highest priority
+-- first; then the others, in score order. Within a priority, tasks come in score order
+-- too; tasks with equal scores come in lexicographic order of their ids (ZSET order):
+-- there is no FIFO promise. A priority never makes a task start before it is due.
 -- Each claimed task leaves ready, gets status "a", attempt+1 and a fresh lease token,
 -- and enters active with the lease deadline as its score. A ready member without a
 -- ready task hash is dropped.
@@ -21,6 +23,13 @@
 --          lateness (now - due) to the hash of the current minute, KEYS[5] .. minute
 --          (field "l<b>", bucket b of hist_bucket), kept 2 hours. One hash per queue
 --          and minute, whatever the number of tasks.
+-- KEYS[6]  the queue's priority index (lib.lua prio_score): the ready tasks with a
+--          priority, each in ready too. Only while it exists (the queue has a ready
+--          task with a priority) is it read, band by band from the highest priority,
+--          taking the due tasks of each; an entry whose task left ready is dropped,
+--          one whose ready score is later moves to it (never claimed early). Then
+--          ready fills the rest, in due order. A queue without priorities pays one
+--          ZRANGE of a key that does not exist.
 -- ARGV[1]  n, most tasks to claim (1..1000)
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
@@ -78,53 +87,85 @@ if rate > 0 then
   if allowed < n then n = allowed end
 end
 
-local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
 local out = {}
 local count, missed = 0, 0
-if #due > 0 then
-  -- One ZREM and one ZADD for the whole claim; two hash commands per task.
-  local ids = {}
-  for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-  redis.call('ZREM', KEYS[1], unpack(ids))
-  local leased = {}
-  local hist = {}
-  for i = 1, #due, 2 do
-    local id = due[i]
-    local h = KEYS[3] .. id
-    local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c', 'd')
-    -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
-    -- is ready, no m is 25, no v is 1.
-    if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
-      local attempt = (tonumber(f[5]) or 0) + 1
-      count = count + 1
-      local token = base .. '.' .. count
-      redis.call('HSET', h, 's', 'a', 't', token, 'a', attempt)
-      leased[#leased + 1] = until_s
-      leased[#leased + 1] = id
-      local k = #out
-      out[k + 1] = id
-      out[k + 2] = f[2] or ''
-      out[k + 3] = attempt
-      out[k + 4] = tonumber(f[3]) or 25
-      out[k + 5] = tonumber(f[4]) or 1
-      out[k + 6] = token
-      local due_ms = math.floor(tonumber(due[i + 1]) * 1000 + 0.5)
-      out[k + 7] = fmt(due_ms)
-      out[k + 8] = f[6] or ''
-      out[k + 9] = ''
-      if f[7] then
-        local d = tonumber(f[7])
-        out[k + 9] = fmt(d)
-        if now > d then missed = missed + 1 end
+local leased = {}
+local hist = {}
+
+-- take leases task id, due at due_ms, unless its hash is not a ready task's (then its
+-- ZSET member, already removed, is simply dropped). Two hash commands per task.
+local function take(id, due_ms)
+  local h = KEYS[3] .. id
+  local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c', 'd')
+  -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
+  -- is ready, no m is 25, no v is 1.
+  if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
+    local attempt = (tonumber(f[5]) or 0) + 1
+    count = count + 1
+    local token = base .. '.' .. count
+    redis.call('HSET', h, 's', 'a', 't', token, 'a', attempt)
+    leased[#leased + 1] = until_s
+    leased[#leased + 1] = id
+    local k = #out
+    out[k + 1] = id
+    out[k + 2] = f[2] or ''
+    out[k + 3] = attempt
+    out[k + 4] = tonumber(f[3]) or 25
+    out[k + 5] = tonumber(f[4]) or 1
+    out[k + 6] = token
+    out[k + 7] = fmt(due_ms)
+    out[k + 8] = f[6] or ''
+    out[k + 9] = ''
+    if f[7] then
+      local d = tonumber(f[7])
+      out[k + 9] = fmt(d)
+      if now > d then missed = missed + 1 end
+    end
+    local b = 'l' .. hist_bucket(now - due_ms)
+    hist[b] = (hist[b] or 0) + 1
+  end
+end
+
+-- The due tasks with a priority first, band by band (a band is one priority).
+local prio = redis.call('ZRANGE', KEYS[6], 0, 0)[1] ~= nil
+if prio then
+  local band = 0
+  while count < n and band < 9 do
+    local hd = redis.call('ZRANGE', KEYS[6], prio_score(9 - band, 0), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    if not hd[2] then break end
+    band = math.floor(tonumber(hd[2]) / PRIO_BAND)
+    local got = redis.call('ZRANGE', KEYS[6], prio_score(9 - band, 0), prio_score(9 - band, now), 'BYSCORE', 'LIMIT', 0, n - count)
+    if #got == 0 then band = band + 1 end
+    for _, id in ipairs(got) do
+      redis.call('ZREM', KEYS[6], id)
+      local rs = redis.call('ZSCORE', KEYS[1], id)
+      if rs then
+        local due_ms = score_ms(rs)
+        if due_ms <= now then
+          redis.call('ZREM', KEYS[1], id)
+          take(id, due_ms)
+        else
+          redis.call('ZADD', KEYS[6], prio_score(9 - band, due_ms), id)
+        end
       end
-      local b = 'l' .. hist_bucket(now - due_ms)
-      hist[b] = (hist[b] or 0) + 1
     end
   end
-  if #leased > 0 then
-    redis.call('ZADD', KEYS[2], unpack(leased))
-    hist_add(KEYS[5], now, hist)
+end
+
+-- Then the rest of ready, in due order: one ZREM (two with priorities) for all.
+if count < n then
+  local due = redis.call('ZRANGE', KEYS[1], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, n - count, 'WITHSCORES')
+  if #due > 0 then
+    local ids = {}
+    for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+    redis.call('ZREM', KEYS[1], unpack(ids))
+    if prio then redis.call('ZREM', KEYS[6], unpack(ids)) end
+    for i = 1, #due, 2 do take(due[i], score_ms(due[i + 1])) end
   end
+end
+if #leased > 0 then
+  redis.call('ZADD', KEYS[2], unpack(leased))
+  hist_add(KEYS[5], now, hist)
 end
 
 local next_ms = -1

@@ -12,13 +12,14 @@
 -- KEYS[2]  active ZSET           "<prefix>:{<queue>}:active"
 -- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:t:"
 -- KEYS[4]  dead ZSET             "<prefix>:{<queue>}:dead"
+-- KEYS[5]  priority index ZSET   "<prefix>:{<queue>}:prio" (lib.lua prio_score)
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- ARGV[3]  replace finished: "1" from the relay, which holds each task's outbox row
 --          locked as pending: a done or dead hash of the id, of any version, is then
 --          an earlier life of the id (a reused id after retention, a task retried
 --          from dead) and is replaced; "0" otherwise
--- then for task k = 0..n-1, ARGV[4+8k] .. ARGV[11+8k]:
+-- then for task k = 0..n-1, ARGV[4+9k] .. ARGV[12+9k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
@@ -30,6 +31,8 @@
 --   start_by      "" (none), or the start deadline in Unix ms (1..10^14): kept in the
 --                 hash as d only when set; the claim script settles a task it
 --                 finds past it instead of running it
+--   priority      0..9: kept in the hash as y only when not 0, and the task is then in
+--                 the priority index too (higher first among the due tasks)
 --
 -- Returns an array of n integers: 1 added, 0 duplicate, 2 replaced (higher version).
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
@@ -38,8 +41,9 @@
 -- A new task's hash holds its payload and only the fields that differ from their
 -- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey): with a
 -- small payload the hash is a 32-byte listpack instead of a 48-byte one.
-local function write_new(h, payload, max, ver, attempt, trace, d)
+local function write_new(h, payload, max, ver, attempt, trace, d, y)
   local f = { 'p', payload }
+  if y > 0 then f[#f + 1] = 'y'; f[#f + 1] = y end
   if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
   if d then f[#f + 1] = 'd'; f[#f + 1] = d end
   if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
@@ -54,7 +58,7 @@ local function head()
   return nil
 end
 
-local W = 8
+local W = 9
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
 if #ARGV ~= 3 + W * n then return fail('expected ' .. (3 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -90,6 +94,7 @@ for k = 0, n - 1 do
   if int(ARGV[b + 5], 1, 2147483647) == nil then return fail('task ' .. k .. ': version must be an integer in 1..2147483647') end
   if #ARGV[b + 6] > 512 then return fail('task ' .. k .. ': trace context must have 0..512 bytes') end
   if ARGV[b + 7] ~= '' and int(ARGV[b + 7], 1, 1e14) == nil then return fail('task ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
+  if int(ARGV[b + 8], 0, 9) == nil then return fail('task ' .. k .. ': priority must be an integer in 0..9') end
 end
 
 local before = head()
@@ -104,11 +109,13 @@ for i = 1, n do
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local trace = ARGV[b + 6]
   local d = ARGV[b + 7] ~= '' and ARGV[b + 7] or nil
+  local y = tonumber(ARGV[b + 8])
   local h = KEYS[3] .. id
-  local cur = redis.call('HMGET', h, 's', 'v', 'p')
+  local cur = redis.call('HMGET', h, 's', 'v', 'p', 'y')
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
-    write_new(h, payload, max, ver, attempt, trace, d)
+    write_new(h, payload, max, ver, attempt, trace, d, y)
+    prio_add(KEYS[5], id, y, score_ms(score))
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
@@ -137,6 +144,13 @@ for i = 1, n do
     else
       redis.call('HDEL', h, 'c')
     end
+    if cur[4] then redis.call('ZREM', KEYS[5], id) end
+    if y > 0 then
+      redis.call('HSET', h, 'y', y)
+      prio_add(KEYS[5], id, y, score_ms(score))
+    elseif cur[4] then
+      redis.call('HDEL', h, 'y')
+    end
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 2
@@ -146,6 +160,9 @@ for i = 1, n do
     -- takes it). ZADD NX leaves a present member alone.
     if st == 'r' then
       redis.call('ZADD', KEYS[1], 'NX', score, id)
+      if cur[4] then
+        redis.call('ZADD', KEYS[5], 'NX', prio_score(tonumber(cur[4]), score_ms(redis.call('ZSCORE', KEYS[1], id))), id)
+      end
     elseif st == 'a' then
       redis.call('ZADD', KEYS[2], 'NX', 0, id)
     end

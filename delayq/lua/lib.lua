@@ -36,3 +36,22 @@ local function hist_add(prefix, now_ms, counts)
   for f, n in pairs(counts) do redis.call('HINCRBY', key, f, n) end
   redis.call('PEXPIRE', key, 7200000)
 end
+
+-- The priority index (Keys.Priority, KEYS named in each script): every ready task
+-- with a priority y in 1..9 (field y of its hash, absent for 0) is in the queue's
+-- ready ZSET as any task, and also in this ZSET with score prio_score(y, due ms):
+-- (9 - y) * 10^13 + due, so the index is in order of priority, highest first, then
+-- of due time (Unix ms stay below 10^13 until the year 2286). Exact in a double.
+local PRIO_BAND = 1e13
+
+local function prio_score(y, due_ms) return string.format('%.0f', (9 - y) * PRIO_BAND + due_ms) end
+
+-- prio_add puts id, due at due_ms, into the priority index key when its hash's
+-- field y (a string, or false when absent) holds a priority.
+local function prio_add(key, id, y, due_ms)
+  local p = tonumber(y) or 0
+  if p > 0 then redis.call('ZADD', key, prio_score(p, due_ms), id) end
+end
+
+-- score_ms reads a ready score (Unix seconds, 3 decimals) as Unix ms.
+local function score_ms(s) return math.floor(tonumber(s) * 1000 + 0.5) end

@@ -16,6 +16,7 @@
 -- KEYS[2]  active ZSET
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
+-- KEYS[5]  priority index ZSET: a requeued task with a priority goes back into it
 -- ARGV[1]  wake channel
 -- ARGV[2]  limit (1..10000)
 -- ARGV[3]  backoff base in ms (1..2^40)
@@ -54,7 +55,7 @@ local requeued, exhausted, orphans = {}, {}, {}
 for i, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local h = KEYS[4] .. id
-  local f = redis.call('HMGET', h, 's', 'a', 'm')
+  local f = redis.call('HMGET', h, 's', 'a', 'm', 'y')
   if f[1] ~= 'a' then
     orphans[#orphans + 1] = id
   else
@@ -67,6 +68,7 @@ for i, id in ipairs(expired) do
       local delay = math.max(1, math.floor(d / 2 + d / 2 * r))
       redis.call('HSET', h, 's', 'r')
       redis.call('ZADD', KEYS[1], fmt(now + delay), id)
+      prio_add(KEYS[5], id, f[4], now + delay)
       requeued[#requeued + 1] = id
     else
       redis.call('ZADD', KEYS[2], fmt(now + hold), id)

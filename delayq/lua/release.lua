@@ -8,6 +8,7 @@
 -- KEYS[1]  ready ZSET
 -- KEYS[2]  active ZSET
 -- KEYS[3]  task hash key prefix
+-- KEYS[4]  priority index ZSET: a task with a priority goes back into it
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -28,7 +29,7 @@ if #ARGV == 4 then
 end
 
 local h = KEYS[3] .. id
-local f = redis.call('HMGET', h, 's', 't', 'a')
+local f = redis.call('HMGET', h, 's', 't', 'a', 'y')
 if f[1] ~= 'a' or f[2] ~= token then return 0 end
 
 local t = redis.call('TIME')
@@ -45,6 +46,7 @@ else
 end
 local score = now + delay
 redis.call('ZADD', KEYS[1], fmt(score), id)
+prio_add(KEYS[4], id, f[4], score)
 if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
   redis.call('PUBLISH', ARGV[1], fmt(score))
 end

@@ -5,6 +5,7 @@
 -- KEYS[2]  active ZSET
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
+-- KEYS[5]  priority index ZSET (a ready task with a priority is in it too)
 -- ARGV[1]  task id (1..200 bytes)
 --
 -- Returns 1 if anything was removed, 0 if nothing existed.
@@ -16,5 +17,6 @@ if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end
 
 local n = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
   + redis.call('ZREM', KEYS[3], id) + redis.call('DEL', KEYS[4] .. id)
+redis.call('ZREM', KEYS[5], id)
 if n > 0 then return 1 end
 return 0

@@ -9,8 +9,9 @@
 -- Operations:
 --   remove   delete the task hash and the id from ready, active and dead
 --   restore  the same, then write the task afresh as enqueue writes a new one:
---            ready, the given payload, max_attempts, attempt and version (fields
---            at their defaults left out), in ready at the given due time
+--            ready, the given payload, max_attempts, attempt, version, start
+--            deadline and priority (fields at their defaults left out), in ready at
+--            the given due time (and in the priority index, with a priority)
 --   expire   for an active task that lost its place in active (or sits in another
 --            ZSET too): drop it from ready and dead, and add it to active with score
 --            0 unless it is there, so the reaper takes it back like an expired lease
@@ -21,9 +22,11 @@
 -- KEYS[2]  active ZSET
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
+-- KEYS[5]  priority index ZSET: every op takes the id out of it; restore puts a task
+--          with a priority back
 -- ARGV[1]  wake channel
 -- ARGV[2]  n, number of repairs (1..1000)
--- then for repair k = 0..n-1, ARGV[3+9k] .. ARGV[11+9k]:
+-- then for repair k = 0..n-1, ARGV[3+10k] .. ARGV[12+10k]:
 --   op            "remove", "restore" or "expire"
 --   id            1..200 bytes
 --   fingerprint   as returned by probe.lua
@@ -33,6 +36,7 @@
 --   attempt       restore: 0..1000000; else ""
 --   version       restore: 1..2147483647; else ""
 --   start_by      restore: "" or the start deadline in Unix ms (as enqueue); else ""
+--   priority      restore: 0..9 (as enqueue); else ""
 --
 -- Returns an array of n integers: 1 applied, 0 changed since the probe, or a kill or
 -- expire of a task without a hash (nothing done).
@@ -61,7 +65,7 @@ local function head()
   return nil
 end
 
-local W = 9
+local W = 10
 local n = int(ARGV[2], 1, 1000)
 if n == nil then return fail('n must be an integer in 1..1000') end
 if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -102,6 +106,8 @@ for k = 0, n - 1 do
       r.d = int(ARGV[b + 8], 1, 1e14)
       if r.d == nil then return fail('repair ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
     end
+    r.y = int(ARGV[b + 9], 0, 9)
+    if r.y == nil then return fail('repair ' .. k .. ': priority must be an integer in 0..9') end
   elseif op == 'kill' then
     r.msg = ARGV[b + 4]
     if #r.msg > 4096 then return fail('repair ' .. k .. ': last error longer than 4096 bytes') end
@@ -120,6 +126,7 @@ for i, r in ipairs(reps) do
   if cur[8] ~= r.fp or (r.op == 'expire' and cur[1] ~= 'a') or (r.op == 'kill' and cur[1] == '') then
     out[i] = 0
   else
+    redis.call('ZREM', KEYS[5], id)
     if r.op == 'kill' then
       if now == nil then
         local t = redis.call('TIME')
@@ -147,8 +154,10 @@ for i, r in ipairs(reps) do
         if r.ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = r.ver end
         if r.attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = r.attempt end
         if r.d then f[#f + 1] = 'd'; f[#f + 1] = r.d end
+        if r.y > 0 then f[#f + 1] = 'y'; f[#f + 1] = r.y end
         redis.call('HSET', h, unpack(f))
         redis.call('ZADD', KEYS[1], r.score, id)
+        prio_add(KEYS[5], id, r.y, score_ms(r.score))
       end
     end
     out[i] = 1

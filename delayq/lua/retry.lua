@@ -9,6 +9,7 @@
 -- KEYS[2]  active ZSET
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
+-- KEYS[5]  priority index ZSET: a task with a priority goes back into it
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -29,7 +30,7 @@ if delay == nil then return fail('delay must be an integer number of ms in 1..2^
 if #msg > 4096 then return fail('last error longer than 4096 bytes') end
 
 local h = KEYS[4] .. id
-local f = redis.call('HMGET', h, 's', 't', 'a', 'm')
+local f = redis.call('HMGET', h, 's', 't', 'a', 'm', 'y')
 if f[1] ~= 'a' or f[2] ~= token then return 0 end
 
 local t = redis.call('TIME')
@@ -46,6 +47,7 @@ local score = now + delay
 local hd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 redis.call('HSET', h, 's', 'r', 'e', msg)
 redis.call('ZADD', KEYS[1], fmt(score), id)
+prio_add(KEYS[5], id, f[5], score)
 if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
   redis.call('PUBLISH', ARGV[1], fmt(score))
 end

@@ -73,7 +73,7 @@ type Statements struct {
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
-const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by`
+const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by, priority`
 
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
@@ -121,7 +121,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context, start_by`
+RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context, start_by, priority`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -147,12 +147,12 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY queue`
 	return Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
-		// $7 trace_context or NULL, $8 start_by or NULL.
+		// $7 trace_context or NULL, $8 start_by or NULL, $9 priority (0..9).
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
 		// transaction goes on.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by)
-	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz)
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
+	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz, $9::smallint)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at
 )
@@ -162,7 +162,8 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
 		// interval of microseconds: added exactly, so the caller can tell the run_at
 		// from statement_timestamp()), $5 payload, $6 max_attempts, $7 trace_context
-		// (NULL for the whole batch when no task has one), $8 start_by (NULL: none).
+		// (NULL for the whole batch when no task has one), $8 start_by (NULL: none),
+		// $9 priority (NULL for the whole batch when every task has 0).
 		//
 		// Rows are inserted in key order, so that two batches with common keys wait
 		// for each other instead of deadlocking: the caller sends the arrays sorted
@@ -180,13 +181,14 @@ SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE
 		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
 		// run (a one-time filter).
 		EnqueueMany: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by)
-	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by
+	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by, COALESCE(u.priority, 0)
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
 	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
 	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts,
 	             unnest(COALESCE($7::text[], '{}')) AS trace,
-	             unnest($8::timestamptz[]) AS start_by) AS u
+	             unnest($8::timestamptz[]) AS start_by,
+	             unnest(COALESCE($9::smallint[], '{}')) AS priority) AS u
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
 ), c AS (

@@ -30,7 +30,21 @@ const (
 	// MaxTraceContextBytes bounds the trace context kept with a task (a W3C
 	// traceparent is 55 bytes; the rest is room for a tracestate).
 	MaxTraceContextBytes = 512
+	// MaxPriority bounds a task's priority within its queue: 0 (the default, the
+	// lowest) to MaxPriority (the highest; it runs first among the tasks due).
+	MaxPriority = 9
 )
+
+// ErrInvalidPriority reports a task priority outside 0..MaxPriority.
+var ErrInvalidPriority = errors.New("invalid priority")
+
+// Priority checks a task's priority: 0..MaxPriority.
+func Priority(p int) error {
+	if p < 0 || p > MaxPriority {
+		return fmt.Errorf("%w: %d: 0..%d (higher runs first; 0 is the default)", ErrInvalidPriority, p, MaxPriority)
+	}
+	return nil
+}
 
 // ErrInvalidTraceContext reports a trace context longer than MaxTraceContextBytes
 // or with a byte outside printable ASCII.

@@ -80,6 +80,7 @@ type row struct {
 	runAt       time.Time
 	payload     []byte
 	startBy     *time.Time
+	priority    int
 }
 
 // verdict is what classify decides for one task.
@@ -199,6 +200,7 @@ func restoreTask(r *row, p delayq.Probe) delayq.Task {
 	t := delayq.Task{
 		ID: r.id, Payload: r.payload, RunAt: r.runAt,
 		MaxAttempts: r.maxAttempts, Attempt: attempt, Version: r.version,
+		Priority: r.priority,
 	}
 	if r.startBy != nil {
 		t.StartBy = *r.startBy

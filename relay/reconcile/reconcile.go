@@ -624,7 +624,7 @@ func (e *engine) readRows(ctx context.Context, db querier, sql, q string, ids []
 	out := make(map[string]*row, len(ids))
 	for rows.Next() {
 		r := &row{}
-		if err := rows.Scan(&r.id, &r.state, &r.version, &r.attempt, &r.maxAttempts, &r.runAt, &r.payload, &r.startBy); err != nil {
+		if err := rows.Scan(&r.id, &r.state, &r.version, &r.attempt, &r.maxAttempts, &r.runAt, &r.payload, &r.startBy, &r.priority); err != nil {
 			return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
 		}
 		out[r.id] = r
