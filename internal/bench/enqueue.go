@@ -31,7 +31,7 @@ func registry() map[string]workload {
 		"soak":                 {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
 		"prune":                {"1,000,000 done rows past retention, one retention pass while 8 producers commit 200 tasks/s: its duration, enqueue p99 before, during, after (run only by name)", prune},
 		"rate-limit":           {"a queue limited to 200 starts/s and an unlimited one, both backlogged, 4 workers: the observed rate over 60 s, the other queue's drain", rateLimit},
-		"priority":             {"three queues weighted 6:3:1 in one priority group, a backlog in each, 2 workers of 16 slots: each queue's share of the first 10,000 starts", priority},
+		"priority":             {"three queues weighted 6:3:1 in one priority group, a backlog in each, 2 workers of 16 slots: each queue's share of the first 10,000 starts; then one queue, 10,000 due tasks of priorities 9, 4, 0 mixed: each priority's share of its starts", priority},
 		"bounds":               {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
 	}
 }

@@ -88,20 +88,24 @@ func stopAll(err error, stops []func() error) error {
 type queueBacklog struct {
 	queue string
 	n     int
+	// priority, when set, is the priority of task j (outbox.Task.Priority).
+	priority func(j int) int
 }
 
 // fillBacklogs writes each queue's tasks (ids task-0, task-1, ...) into the
 // outbox in batches of 10,000 and has the relay move all of them to Redis, so a
 // workload's workers start with every backlog in place.
 func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) error {
-	total := 0
 	tasks := make([]outbox.Task, 0, 10_000)
 	for _, b := range backlogs {
-		total += b.n
 		for i := 0; i < b.n; i += 10_000 {
 			tasks = tasks[:0]
 			for j := i; j < min(i+10_000, b.n); j++ {
-				tasks = append(tasks, outbox.Task{Queue: b.queue, ID: fmt.Sprintf("task-%d", j), Payload: payload20})
+				t := outbox.Task{Queue: b.queue, ID: fmt.Sprintf("task-%d", j), Payload: payload20}
+				if b.priority != nil {
+					t.Priority = b.priority(j)
+				}
+				tasks = append(tasks, t)
 			}
 			if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
 				return err
@@ -112,9 +116,11 @@ func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) er
 	if err != nil {
 		return err
 	}
+	// Every row pending before is in Redis once none is pending (rows queued by an
+	// earlier phase of the workload are counted in neither).
 	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-		n, err := s.countState(ctx, "queued")
-		return n == total, err
+		n, err := s.countState(ctx, "pending")
+		return n == 0, err
 	})
 	if serr := stopRelay(); err == nil {
 		err = serr

@@ -39,7 +39,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	if _, err := s.dq.SetControls(ctx, "limited", c.Version, delayq.Controls{Rate: c.Rate}); err != nil {
 		return err
 	}
-	if err := s.fillBacklogs(ctx, queueBacklog{"limited", limited}, queueBacklog{"other", other}); err != nil {
+	if err := s.fillBacklogs(ctx, queueBacklog{queue: "limited", n: limited}, queueBacklog{queue: "other", n: other}); err != nil {
 		return err
 	}
 
