@@ -271,7 +271,7 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 			}
 			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver, startByArg(t.StartBy), t.Priority)
 		}
-		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority}, args...)
+		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control}, args...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: repair %s: %w", queue, err)
 		}

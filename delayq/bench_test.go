@@ -73,12 +73,14 @@ func BenchmarkClaimComplete(b *testing.B) {
 // BenchmarkClaimControls measures the claim script's cost with the queue's
 // controls at work, against none: "plain" (no controls hash), "paused-off" (a
 // resumed queue: the flag read), "limited" (a rate limit that never binds: the
-// flag and limit read, the GCRA step and its write). Claims of 1 and of 32 tasks.
+// flag and limit read, the GCRA step and its write), "prioritized" (one task in
+// two with a priority, 1..9: the priority index read first). Claims of 1 and of
+// 32 tasks.
 // server_us/claim is Redis's own time in the script (INFO commandstats), which
 // the machine's load disturbs less than the round trip.
 func BenchmarkClaimControls(b *testing.B) {
 	for _, size := range []int{1, 32} {
-		for _, mode := range []string{"plain", "paused-off", "limited"} {
+		for _, mode := range []string{"plain", "paused-off", "limited", "prioritized"} {
 			b.Run(fmt.Sprintf("%s/n=%d", mode, size), func(b *testing.B) {
 				// A server of its own: commandstats counts every client's scripts.
 				c, err := New(testenv.RedisClient(b, testenv.OwnRedis(b).URL()), Config{})
@@ -99,6 +101,9 @@ func BenchmarkClaimControls(b *testing.B) {
 				tasks := make([]Task, b.N*size)
 				for i := range tasks {
 					tasks[i] = Task{ID: fmt.Sprintf("t-%d", i), Payload: []byte("p")}
+					if mode == "prioritized" && i%2 == 1 {
+						tasks[i].Priority = 1 + i%9
+					}
 				}
 				for i := 0; i < len(tasks); i += 1000 {
 					if _, err := c.Enqueue(ctx, "q", tasks[i:min(i+1000, len(tasks))]...); err != nil {

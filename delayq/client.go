@@ -136,7 +136,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 	}
 	for start := 0; start < len(tasks); start += c.cfg.EnqueueBatch {
 		batch := tasks[start:min(start+c.cfg.EnqueueBatch, len(tasks))]
-		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority}, c.enqueueArgs(k, batch, false)...)
+		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control}, c.enqueueArgs(k, batch, false)...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: enqueue %s: %w", queue, err)
 		}
@@ -314,7 +314,7 @@ func (c *Client) Retry(ctx context.Context, queue, id, token string, delay time.
 	if delay <= 0 || ms(delay) > maxMS {
 		return false, fmt.Errorf("%w: retry delay %v: must be positive", ErrInvalidArgument, delay)
 	}
-	v, err := c.run(ctx, c.s.retry, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority},
+	v, err := c.run(ctx, c.s.retry, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
 		k.Wake, id, token, ms(delay), cutError(lastErr))
 	if err != nil {
 		return false, fmt.Errorf("delayq: retry %s/%s: %w", queue, id, err)
@@ -367,7 +367,7 @@ func (c *Client) ReleaseAfter(ctx context.Context, queue, id, token string, dela
 	if delay < 0 || ms(delay) > maxMS {
 		return fmt.Errorf("%w: release delay %v: must not be negative", ErrInvalidArgument, delay)
 	}
-	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix, k.Priority}, k.Wake, id, token, ms(delay))
+	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix, k.Priority, k.Control}, k.Wake, id, token, ms(delay))
 	if err != nil {
 		return fmt.Errorf("delayq: release %s/%s: %w", queue, id, err)
 	}
@@ -393,7 +393,7 @@ func (c *Client) Reap(ctx context.Context, queue string, limit int) (ReapResult,
 	if limit < 1 || limit > maxReap {
 		return ReapResult{}, fmt.Errorf("%w: reap limit %d: 1..%d", ErrInvalidArgument, limit, maxReap)
 	}
-	v, err := c.run(ctx, c.s.reap, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority},
+	v, err := c.run(ctx, c.s.reap, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
 		k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), ms(ExhaustedHold))
 	if err != nil {
 		return ReapResult{}, fmt.Errorf("delayq: reap %s: %w", queue, err)

@@ -35,7 +35,9 @@ type Keys struct {
 	// TaskPrefix is the prefix of the task hash keys; TaskKey appends the id.
 	TaskPrefix string
 	// Control is the queue's controls (a HASH: v version, p "1" while paused),
-	// mirrored from Postgres; the claim script reads it.
+	// mirrored from Postgres; the claim script reads it. Its field y, written by
+	// the scripts alone, flags the Priority index: the claim script reads the
+	// index only while y is set.
 	Control string
 	// History is the prefix of the per-minute history hashes; the minute (Unix
 	// time / 60, Redis clock) completes the key. See Client.History.

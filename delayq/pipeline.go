@@ -63,7 +63,7 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 			part := b.Tasks[start:min(start+c.cfg.EnqueueBatch, len(b.Tasks))]
 			calls = append(calls, call{
 				batch: i, start: start, n: len(part),
-				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority},
+				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control},
 				args: c.enqueueArgs(k, part, true),
 			})
 		}

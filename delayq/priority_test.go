@@ -52,6 +52,15 @@ func TestPriorityOrderAmongDue(t *testing.T) {
 			if n := b.rdb.Exists(ctxT(t), b.k.Priority).Val(); n != 0 {
 				t.Errorf("the priority index outlives its tasks")
 			}
+			// The next claim finds the index empty and clears its flag: the queue
+			// then pays nothing for priorities again.
+			if y := b.rdb.HExists(ctxT(t), b.k.Control, "y").Val(); !y && batch == 100 {
+				t.Errorf("the flag was cleared while the index still had tasks")
+			}
+			b.claim(t, 1, time.Minute)
+			if b.rdb.HExists(ctxT(t), b.k.Control, "y").Val() {
+				t.Errorf("the index's flag outlives it")
+			}
 		})
 	}
 }
@@ -224,7 +233,8 @@ func TestPriorityZeroWritesNothing(t *testing.T) {
 	if f := b.rdb.HKeys(ctx, b.k.TaskKey("plain")).Val(); !slices.Equal(f, []string{"p"}) {
 		t.Errorf("hash fields %v, want [p]", f)
 	}
-	if n := b.rdb.Exists(ctx, b.k.Priority).Val(); n != 0 {
-		t.Errorf("a priority index without a priority")
+	b.claim(t, 1, time.Minute)
+	if n := b.rdb.Exists(ctx, b.k.Priority, b.k.Control).Val(); n != 0 {
+		t.Errorf("a priority index or its flag without a priority")
 	}
 }

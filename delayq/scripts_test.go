@@ -73,9 +73,9 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 	restore := func(due, max, attempt, ver string) []any {
 		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver, "", "0"}
 	}
-	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority}
+	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control}
 	claimKeys := []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}
-	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority}
+	lease := []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control}
 	cases := []struct {
 		name   string
 		script *redis.Script

@@ -10,25 +10,26 @@ import (
 )
 
 func FuzzValidate(f *testing.F) {
-	f.Add("payment", "order-1001", 20, int64(0), int64(0), 0)
-	f.Add("", "", 0, int64(-1), int64(-1), -1)
-	f.Add("a{b}", "x}", 70000, int64(time.Hour), int64(1), 1<<31)
-	f.Add("q", "id", 0, int64(time.Second), int64(2000000000), 3)
+	f.Add("payment", "order-1001", 20, int64(0), int64(0), 0, 0)
+	f.Add("", "", 0, int64(-1), int64(-1), -1, -1)
+	f.Add("a{b}", "x}", 70000, int64(time.Hour), int64(1), 1<<31, 10)
+	f.Add("q", "id", 0, int64(time.Second), int64(2000000000), 3, 9)
 	c, err := outbox.New(outbox.Config{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	sentinels := []error{
 		outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, outbox.ErrInvalidDelay,
-		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts,
+		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, outbox.ErrInvalidPriority,
 	}
-	f.Fuzz(func(t *testing.T, queue, id string, payloadLen int, delay, runAtUnix int64, maxAttempts int) {
+	f.Fuzz(func(t *testing.T, queue, id string, payloadLen int, delay, runAtUnix int64, maxAttempts, priority int) {
 		task := outbox.Task{
 			Queue:       queue,
 			ID:          id,
 			Payload:     make([]byte, min(max(payloadLen, 0), 1<<17)),
 			Delay:       time.Duration(delay),
 			MaxAttempts: maxAttempts,
+			Priority:    priority,
 		}
 		if runAtUnix != 0 {
 			task.RunAt = time.Unix(runAtUnix, 0)
@@ -54,7 +55,7 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("accepted queue %q, id %q", queue, id)
 		}
 		if task.Delay < 0 || len(task.Payload) > outbox.DefaultMaxPayloadBytes ||
-			maxAttempts < 0 || maxAttempts > 1<<31-1 {
+			maxAttempts < 0 || maxAttempts > 1<<31-1 || priority < 0 || priority > 9 {
 			t.Fatalf("accepted %+v", task)
 		}
 		if !task.RunAt.IsZero() && (task.Delay != 0 || task.RunAt.Unix() <= 0 || task.RunAt.Year() > 9999) {

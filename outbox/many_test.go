@@ -100,12 +100,14 @@ func TestEnqueueManyPlan(t *testing.T) {
 	q, ids, payloads := make([]string, n), make([]string, n), make([][]byte, n)
 	runAts, delays, attempts := make([]*time.Time, n), make([]time.Duration, n), make([]int32, n)
 	traces := make([]*string, n) // some with a trace context, as a batch may have
+	prios := make([]int16, n)    // and some with a priority
 	for i := range n {
 		q[i], ids[i], payloads[i], delays[i], attempts[i] = "plan", fmt.Sprintf("t-%04d", i), []byte{}, time.Hour, 25
 		if i%3 == 0 {
 			tc := fmt.Sprintf("00-%032x-%016x-01", i+1, i+1)
 			traces[i] = &tc
 		}
+		prios[i] = int16(i % 10)
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -114,7 +116,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var plan []byte
 	err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+b.client.EnqueueManyStatement(),
-		q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n)).Scan(&plan)
+		q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n), prios).Scan(&plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +163,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 		return
 	}
 	// And the order is the arrays' order: the rows land in heap order as sent.
-	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n)); err != nil {
+	if _, err := tx.Exec(ctx, b.client.EnqueueManyStatement(), q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n), prios); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := tx.Query(ctx, `SELECT task_id FROM delayq_outbox WHERE queue = 'plan' ORDER BY ctid`)

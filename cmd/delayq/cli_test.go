@@ -121,6 +121,13 @@ func TestEnqueueCancelRescheduleCommands(t *testing.T) {
 	}
 	b.run(t, "enqueue", "--queue", "mail", "--id", "m-3", "--start-by", "2030-01-02T03:04:05Z").want(t, exitOK, "enqueued mail/m-3")
 	b.run(t, "enqueue", "--queue", "mail", "--id", "m-4", "--start-by", "soon").want(t, exitUsage)
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-5", "--priority", "9").want(t, exitOK, "enqueued mail/m-5")
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-6", "--priority", "10").want(t, exitUsage)
+	var prio int
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT priority FROM delayq_outbox WHERE queue = 'mail' AND task_id = 'm-5'`).Scan(&prio); err != nil || prio != 9 {
+		t.Errorf("m-5 priority %d, %v", prio, err)
+	}
 	b.run(t, "enqueue", "--queue", "mail", "--id", "m-4", "--at", "2030-01-02T03:04:05Z", "--start-by", "2030-01-01T00:00:00Z").want(t, exitUsage)
 	var startBy time.Time
 	if err := b.pool.QueryRow(context.Background(),

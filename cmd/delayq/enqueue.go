@@ -97,6 +97,7 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	payloadFile := fs.String("payload-file", "", "read the payload from this file ('-': standard input)")
 	maxAttempts := fs.Int("max-attempts", 0, "runs before the task is dead (0: the outbox default, 25)")
 	startBy := fs.String("start-by", "", "the latest start, RFC 3339: a task that cannot start by then is dead with the reason, never run late")
+	priority := fs.Int("priority", 0, "0..9: among the queue's due tasks, higher runs first (0: the default, the lowest)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
@@ -126,7 +127,7 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	t := outbox.Task{Queue: task.queue, ID: task.id, Payload: body, Delay: delay, RunAt: at, MaxAttempts: *maxAttempts}
+	t := outbox.Task{Queue: task.queue, ID: task.id, Payload: body, Delay: delay, RunAt: at, MaxAttempts: *maxAttempts, Priority: *priority}
 	if *startBy != "" {
 		if t.StartBy, err = time.Parse(time.RFC3339Nano, *startBy); err != nil {
 			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", *startBy)

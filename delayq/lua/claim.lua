@@ -18,18 +18,20 @@
 --          the starts are rate limited by GCRA on the Redis clock: g holds the
 --          theoretical arrival time in ms; a start at now is allowed while
 --          g - now < (b - 1) * T, T = w / r, and each start moves g on by T
---          (from now when g is past). Only the claim script writes g.
+--          (from now when g is past). Only the claim script writes g. Its y flags
+--          the priority index (KEYS[6]): set by the scripts that add to it
+--          (lib.lua prio_add), cleared here when the index is found empty.
 -- KEYS[5]  the queue's history hash prefix (Keys.History): the claim adds each task's
 --          lateness (now - due) to the hash of the current minute, KEYS[5] .. minute
 --          (field "l<b>", bucket b of hist_bucket), kept 2 hours. One hash per queue
 --          and minute, whatever the number of tasks.
 -- KEYS[6]  the queue's priority index (lib.lua prio_score): the ready tasks with a
---          priority, each in ready too. Only while it exists (the queue has a ready
---          task with a priority) is it read, band by band from the highest priority,
---          taking the due tasks of each; an entry whose task left ready is dropped,
---          one whose ready score is later moves to it (never claimed early). Then
---          ready fills the rest, in due order. A queue without priorities pays one
---          ZRANGE of a key that does not exist.
+--          priority, each in ready too. Only while the controls' y is set is it
+--          read, band by band from the highest priority, taking the due tasks of
+--          each; an entry whose task left ready is dropped, one whose ready score is
+--          later moves to it (never claimed early). Then ready fills the rest, in
+--          due order. A queue without priorities pays nothing for them: y is one
+--          more field of the HMGET the controls took already.
 -- ARGV[1]  n, most tasks to claim (1..1000)
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
@@ -62,7 +64,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_s = fmt(now + lease)
 
-local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g')
+local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g', 'y')
 if ctl[1] == '1' then return { -1, fmt(now), until_s, 0, 0 } end
 
 -- The rate limit (GCRA): allowed is how many starts it lets happen now.
@@ -127,12 +129,15 @@ local function take(id, due_ms)
 end
 
 -- The due tasks with a priority first, band by band (a band is one priority).
-local prio = redis.call('ZRANGE', KEYS[6], 0, 0)[1] ~= nil
+local prio = ctl[6] ~= false
 if prio then
   local band = 0
   while count < n and band < 9 do
     local hd = redis.call('ZRANGE', KEYS[6], prio_score(9 - band, 0), '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-    if not hd[2] then break end
+    if not hd[2] then
+      if band == 0 then redis.call('HDEL', KEYS[4], 'y') end -- the index is empty
+      break
+    end
     band = math.floor(tonumber(hd[2]) / PRIO_BAND)
     local got = redis.call('ZRANGE', KEYS[6], prio_score(9 - band, 0), prio_score(9 - band, now), 'BYSCORE', 'LIMIT', 0, n - count)
     if #got == 0 then band = band + 1 end

@@ -13,6 +13,7 @@
 -- KEYS[3]  task hash key prefix  "<prefix>:{<queue>}:t:"
 -- KEYS[4]  dead ZSET             "<prefix>:{<queue>}:dead"
 -- KEYS[5]  priority index ZSET   "<prefix>:{<queue>}:prio" (lib.lua prio_score)
+-- KEYS[6]  controls HASH         "<prefix>:{<queue>}:ctl": field y flags the index
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- ARGV[3]  replace finished: "1" from the relay, which holds each task's outbox row
@@ -115,7 +116,7 @@ for i = 1, n do
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
     write_new(h, payload, max, ver, attempt, trace, d, y)
-    prio_add(KEYS[5], id, y, score_ms(score))
+    prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
@@ -147,7 +148,7 @@ for i = 1, n do
     if cur[4] then redis.call('ZREM', KEYS[5], id) end
     if y > 0 then
       redis.call('HSET', h, 'y', y)
-      prio_add(KEYS[5], id, y, score_ms(score))
+      prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
     elseif cur[4] then
       redis.call('HDEL', h, 'y')
     end
@@ -160,8 +161,8 @@ for i = 1, n do
     -- takes it). ZADD NX leaves a present member alone.
     if st == 'r' then
       redis.call('ZADD', KEYS[1], 'NX', score, id)
-      if cur[4] then
-        redis.call('ZADD', KEYS[5], 'NX', prio_score(tonumber(cur[4]), score_ms(redis.call('ZSCORE', KEYS[1], id))), id)
+      if cur[4] and redis.call('ZSCORE', KEYS[5], id) == false then
+        prio_add(KEYS[5], KEYS[6], id, cur[4], score_ms(redis.call('ZSCORE', KEYS[1], id)))
       end
     elseif st == 'a' then
       redis.call('ZADD', KEYS[2], 'NX', 0, id)

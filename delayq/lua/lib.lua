@@ -47,10 +47,16 @@ local PRIO_BAND = 1e13
 local function prio_score(y, due_ms) return string.format('%.0f', (9 - y) * PRIO_BAND + due_ms) end
 
 -- prio_add puts id, due at due_ms, into the priority index key when its hash's
--- field y (a string, or false when absent) holds a priority.
-local function prio_add(key, id, y, due_ms)
+-- field y (a string, or false when absent) holds a priority, and sets the field y
+-- of the queue's controls hash ctl: the claim script reads the index only while
+-- that flag is set (it clears it when it finds the index empty), so a queue
+-- without priorities pays no command for it.
+local function prio_add(key, ctl, id, y, due_ms)
   local p = tonumber(y) or 0
-  if p > 0 then redis.call('ZADD', key, prio_score(p, due_ms), id) end
+  if p > 0 then
+    redis.call('ZADD', key, prio_score(p, due_ms), id)
+    redis.call('HSET', ctl, 'y', '1')
+  end
 end
 
 -- score_ms reads a ready score (Unix seconds, 3 decimals) as Unix ms.

@@ -17,6 +17,7 @@
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
 -- KEYS[5]  priority index ZSET: a requeued task with a priority goes back into it
+-- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
 -- ARGV[1]  wake channel
 -- ARGV[2]  limit (1..10000)
 -- ARGV[3]  backoff base in ms (1..2^40)
@@ -68,7 +69,7 @@ for i, id in ipairs(expired) do
       local delay = math.max(1, math.floor(d / 2 + d / 2 * r))
       redis.call('HSET', h, 's', 'r')
       redis.call('ZADD', KEYS[1], fmt(now + delay), id)
-      prio_add(KEYS[5], id, f[4], now + delay)
+      prio_add(KEYS[5], KEYS[6], id, f[4], now + delay)
       requeued[#requeued + 1] = id
     else
       redis.call('ZADD', KEYS[2], fmt(now + hold), id)

@@ -9,6 +9,7 @@
 -- KEYS[2]  active ZSET
 -- KEYS[3]  task hash key prefix
 -- KEYS[4]  priority index ZSET: a task with a priority goes back into it
+-- KEYS[5]  controls HASH (its field y flags the index: lib.lua prio_add)
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -46,7 +47,7 @@ else
 end
 local score = now + delay
 redis.call('ZADD', KEYS[1], fmt(score), id)
-prio_add(KEYS[4], id, f[4], score)
+prio_add(KEYS[4], KEYS[5], id, f[4], score)
 if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
   redis.call('PUBLISH', ARGV[1], fmt(score))
 end

@@ -24,6 +24,7 @@
 -- KEYS[4]  task hash key prefix
 -- KEYS[5]  priority index ZSET: every op takes the id out of it; restore puts a task
 --          with a priority back
+-- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
 -- ARGV[1]  wake channel
 -- ARGV[2]  n, number of repairs (1..1000)
 -- then for repair k = 0..n-1, ARGV[3+10k] .. ARGV[12+10k]:
@@ -157,7 +158,7 @@ for i, r in ipairs(reps) do
         if r.y > 0 then f[#f + 1] = 'y'; f[#f + 1] = r.y end
         redis.call('HSET', h, unpack(f))
         redis.call('ZADD', KEYS[1], r.score, id)
-        prio_add(KEYS[5], id, r.y, score_ms(r.score))
+        prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
       end
     end
     out[i] = 1

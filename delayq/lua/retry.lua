@@ -10,6 +10,7 @@
 -- KEYS[3]  dead ZSET
 -- KEYS[4]  task hash key prefix
 -- KEYS[5]  priority index ZSET: a task with a priority goes back into it
+-- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -47,7 +48,7 @@ local score = now + delay
 local hd = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 redis.call('HSET', h, 's', 'r', 'e', msg)
 redis.call('ZADD', KEYS[1], fmt(score), id)
-prio_add(KEYS[5], id, f[5], score)
+prio_add(KEYS[5], KEYS[6], id, f[5], score)
 if hd[2] == nil or score < math.floor(tonumber(hd[2]) * 1000 + 0.5) then
   redis.call('PUBLISH', ARGV[1], fmt(score))
 end

@@ -217,7 +217,7 @@ func (m *model) opEnqueue(ctx context.Context) {
 		d, what := m.delay()
 		ma := 2 + m.rng.IntN(4)
 		news = append(news, t)
-		tasks = append(tasks, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(1), Delay: d, MaxAttempts: ma})
+		tasks = append(tasks, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(1), Delay: d, MaxAttempts: ma, Priority: modelPriority(t.id)})
 		descs = append(descs, fmt.Sprintf("%s/%s delay %v (%s) max %d", t.q, t.id, d, what, ma))
 	}
 	var dup *mtask
@@ -279,7 +279,7 @@ func (m *model) opDuplicate(ctx context.Context) {
 		m.s.t.Fatalf("begin: %v", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after the commit
-	r, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(t.inc + 1), Delay: d, MaxAttempts: ma})
+	r, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(t.inc + 1), Delay: d, MaxAttempts: ma, Priority: modelPriority(t.id)})
 	if err != nil {
 		m.s.t.Fatalf("enqueue %s: %v", t.key(), err)
 	}

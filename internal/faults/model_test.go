@@ -137,6 +137,16 @@ func plan(seed uint64, queue, id string, inc, version, attempt int) (outcomeKind
 // its row was deleted is a new incarnation, and its runs must be told apart.
 func modelPayload(inc int) []byte { return []byte("inc=" + strconv.Itoa(inc)) }
 
+// modelPriority is a task's priority within its queue, 0..9, a function of its id
+// (not of the generator, so that a seed replays the operations it always did): the
+// tasks of a queue are claimed in mixed priorities, which must change nothing of
+// exactly once.
+func modelPriority(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % 10)
+}
+
 func payloadInc(p []byte) int {
 	n, _ := strconv.Atoi(strings.TrimPrefix(string(p), "inc="))
 	return n

@@ -40,7 +40,7 @@ func NewBrowse(cfg Config) BrowseStatements {
 		return fmt.Sprintf(`(%[1]s::timestamptz IS NULL OR run_at >= %[1]s::timestamptz) AND (%[2]s::timestamptz IS NULL OR run_at < %[2]s::timestamptz)`, from, before)
 	}
 	return BrowseStatements{
-		Task: fmt.Sprintf(`SELECT %s, created_at, queued_at, substring(payload FROM 1 FOR $3::int)
+		Task: fmt.Sprintf(`SELECT %s, created_at, queued_at, priority, substring(payload FROM 1 FOR $3::int)
 FROM %s WHERE queue = $1 AND task_id = $2`, browseColumns, table),
 
 		// The prefix is both an index bound (task_id >= $3) and the filter.
@@ -96,6 +96,7 @@ type TaskRow struct {
 	BrowseRow
 	CreatedAt time.Time
 	QueuedAt  time.Time // zero if never queued
+	Priority  int       // 0..9, higher first among the queue's due tasks
 	Payload   []byte    // at most the size asked for; PayloadBytes is the whole
 }
 
@@ -204,7 +205,7 @@ func (b *Browse) Task(ctx context.Context, q Querier, queue, id string, payloadC
 	var st string
 	var done *time.Time
 	if err := rows.Scan(&t.Queue, &t.ID, &st, &t.Version, &t.Attempt, &t.MaxAttempts, &t.RunAt, &done,
-		&t.LastError, &t.PayloadBytes, &t.CreatedAt, &queued, &t.Payload); err != nil {
+		&t.LastError, &t.PayloadBytes, &t.CreatedAt, &queued, &t.Priority, &t.Payload); err != nil {
 		return t, false, fmt.Errorf("%w: task %s/%s: %w", ErrBrowse, queue, id, err)
 	}
 	if t.State, err = Parse(st); err != nil {

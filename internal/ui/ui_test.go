@@ -111,11 +111,12 @@ func TestTaskListsPaginateAndFilter(t *testing.T) {
 func TestTaskPageShowsBothStores(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.PayloadCap = 64 })
-	e.enqueue(t, outbox.Task{Queue: "mail", ID: "j1", Payload: []byte(`{"to":"ann@example.com","n":[1,2]}`), Delay: time.Hour},
+	e.enqueue(t, outbox.Task{Queue: "mail", ID: "j1", Payload: []byte(`{"to":"ann@example.com","n":[1,2]}`), Delay: time.Hour, Priority: 7},
 		outbox.Task{Queue: "mail", ID: "big", Payload: []byte(`{"x":"` + strings.Repeat("y", 200) + `"}`), Delay: time.Hour})
 	c := e.client(t)
 	_, body := c.get("/task?queue=mail&id=j1")
 	for _, want := range []string{`id="pg-state" class="state pending">pending<`, `id="redis-state" class="state r-missing">missing<`,
+		`id="pg-priority">7<`,
 		"waiting for the relay", "{\n  &#34;to&#34;: &#34;ann@example.com&#34;,\n  &#34;n&#34;: [\n    1,"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("task page lacks %q:\n%s", want, body)
