@@ -60,30 +60,18 @@ func priority(ctx context.Context, s *session, r *Result) error {
 		mu.Unlock()
 		return nil
 	}
-	var stops []func() error
-	for range priorityWorkers {
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
-		if err != nil {
-			return err
-		}
+	elapsed, err := runPriorityWorkers(ctx, s, "the starts", func(w *worker.Worker) error {
 		for _, q := range priorityWeights {
 			if err := w.Handle(q.name, handle, worker.QueueConfig{Concurrency: prioritySlots}); err != nil {
 				return err
 			}
 		}
-		if err := w.Prioritize(worker.PriorityGroup{Queues: weights, Concurrency: prioritySlots}); err != nil {
-			return err
-		}
-		stops = append(stops, s.background(ctx, w.Run))
-	}
-	start := time.Now()
-	err := waitFor(ctx, 10*time.Minute, "the starts", func() (bool, error) {
+		return w.Prioritize(worker.PriorityGroup{Queues: weights, Concurrency: prioritySlots})
+	}, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(order) >= starts, nil
+		return len(order) >= starts
 	})
-	elapsed := time.Since(start)
-	err = stopAll(err, stops)
 	if err != nil {
 		return err
 	}
@@ -157,25 +145,14 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 		mu.Unlock()
 		return nil
 	}
-	var stops []func() error
-	for range priorityWorkers {
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
-		if err != nil {
-			return err
-		}
-		if err := w.Handle(queue, handle, worker.QueueConfig{Concurrency: prioritySlots}); err != nil {
-			return err
-		}
-		stops = append(stops, s.background(ctx, w.Run))
-	}
-	start := time.Now()
-	err := waitFor(ctx, 10*time.Minute, "the within-queue starts", func() (bool, error) {
+	elapsed, err := runPriorityWorkers(ctx, s, "the within-queue starts", func(w *worker.Worker) error {
+		return w.Handle(queue, handle, worker.QueueConfig{Concurrency: prioritySlots})
+	}, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(order) >= n, nil
+		return len(order) >= n
 	})
-	elapsed := time.Since(start)
-	if err = stopAll(err, stops); err != nil {
+	if err != nil {
 		return err
 	}
 	mu.Lock()
@@ -202,4 +179,25 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 		return fmt.Errorf("within one queue, a priority's share of its starts is %.1f %% below 100 %% (more than 5 %%)", worst)
 	}
 	return nil
+}
+
+// runPriorityWorkers runs priorityWorkers workers, each given its handlers by
+// setup, until done says so (what names the wait in its timeout), and stops them;
+// it returns how long they ran.
+func runPriorityWorkers(ctx context.Context, s *session, what string, setup func(*worker.Worker) error, done func() bool) (time.Duration, error) {
+	var stops []func() error
+	for range priorityWorkers {
+		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		if err == nil {
+			err = setup(w)
+		}
+		if err != nil {
+			return 0, stopAll(err, stops)
+		}
+		stops = append(stops, s.background(ctx, w.Run))
+	}
+	start := time.Now()
+	err := waitFor(ctx, 10*time.Minute, what, func() (bool, error) { return done(), nil })
+	elapsed := time.Since(start)
+	return elapsed, stopAll(err, stops)
 }
