@@ -36,6 +36,19 @@
 // due later are found by the relay's next round; that keeps most producers' commits
 // free of the serialization Postgres imposes on notifying transactions.
 //
+// Near-due tasks do not pay it at every commit either: an Enqueue leaves its
+// notification out when an earlier Enqueue of the same Client into the same queue
+// notified less than Config.NotifyCooldown (25ms) before and its transaction has
+// committed, which the statement itself checks (pg_xact_status, no round trip). That
+// commit woke the relays, which run follow-up rounds for their FollowUpFor (100ms)
+// after every wake-up and move this task too. A notifier still in progress or rolled
+// back covers nothing: the enqueue notifies. So every committed near-due task wakes a
+// relay, or is moved by a relay's follow-up round, within NotifyCooldown + FollowUpFor
+// of its commit, provided its transaction commits within FollowUpFor − NotifyCooldown
+// (75ms) of its Enqueue; a longer one waits at worst for the relay's PollInterval.
+// EnqueueMany, Reschedule and dead retries notify at every commit. NotifyCooldown -1
+// notifies at every commit.
+//
 // # Validation
 //
 // Bad input is refused before anything is sent, with an error that wraps one of

@@ -30,7 +30,9 @@ type ManyResult struct {
 }
 
 // Enqueue inserts t into the outbox through q, normally the caller's transaction, so the
-// task exists if and only if that transaction commits. The relay is notified at commit.
+// task exists if and only if that transaction commits. The relay is notified at commit
+// when the task is due within Config.NotifyWithin, unless an enqueue into the same queue
+// notified moments before and has committed (Config.NotifyCooldown).
 // A task whose queue and id exist already is reported as Result.Duplicate, without an
 // error: the caller's transaction stays usable.
 //
@@ -69,14 +71,22 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	}
 	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority},
+	sent := time.Now()
+	xid, server := c.notifiers.lookup(w.queue, sent)
+	var (
+		notified int64
+		me       = notifier{sent: sent}
+	)
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, xid, server},
 		func(scan func(...any) error) error {
-			var notified int64
 			res.Duplicate = false
-			return scan(&res.RunAt, &notified)
+			return scan(&res.RunAt, &notified, &me.xid, &me.server)
 		})
 	if err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue %s/%s: %w", t.Queue, t.ID, err)
+	}
+	if notified > 0 {
+		c.notifiers.notified(w.queue, me)
 	}
 	return res, nil
 }

@@ -33,6 +33,10 @@ const (
 	// DefaultNotifyWithin is how soon a task must be due for its enqueue to wake the
 	// relay at commit.
 	DefaultNotifyWithin = 30 * time.Second
+	// DefaultNotifyCooldown is how long after an enqueue's notification the next
+	// enqueues of the same queue through the same Client leave theirs out, once
+	// that one has committed.
+	DefaultNotifyCooldown = 25 * time.Millisecond
 	// MaxErrorBytes bounds the error summary kept with a failed task.
 	MaxErrorBytes = validate.MaxErrorBytes
 )
@@ -97,6 +101,23 @@ type Config struct {
 	// relay's PollInterval. Default 30s (DefaultNotifyWithin); -1 notifies for every
 	// task.
 	NotifyWithin time.Duration
+	// NotifyCooldown: an Enqueue of a task due within NotifyWithin leaves its
+	// notification out when an earlier Enqueue of the same Client, into the same
+	// queue, sent its own less than NotifyCooldown before and its transaction has
+	// committed: the relay woke at that commit and keeps running rounds for its
+	// FollowUpFor (100ms by default) after, which move this task as well. Postgres
+	// serializes the commits of notifying transactions (one disk flush each, no
+	// group commit), so near-due producers otherwise run slower than due-later
+	// ones. The check is part of the enqueue's statement (pg_xact_status of the
+	// earlier transaction: no round trip); when that transaction is still in
+	// progress, rolled back, or ran on another server or database, the enqueue
+	// notifies. Keep it well below the relays' FollowUpFor: a transaction that
+	// commits more than FollowUpFor − NotifyCooldown (75ms by default) after an
+	// enqueue that left its notification out waits for the next wake-up of its
+	// queue, or the relay's PollInterval. EnqueueMany, Reschedule and dead retries
+	// notify at every commit. Default 25ms (DefaultNotifyCooldown); -1 notifies at
+	// every commit.
+	NotifyCooldown time.Duration
 	// ClearPayloadOnDone empties the payload of a task when it is marked done or is
 	// cancelled, for payloads holding data that should not outlive the task. Dead tasks
 	// keep theirs, since a person may run them again. Default false.
@@ -127,6 +148,9 @@ func (c Config) WithDefaults() Config {
 	if c.NotifyWithin == 0 {
 		c.NotifyWithin = DefaultNotifyWithin
 	}
+	if c.NotifyCooldown == 0 {
+		c.NotifyCooldown = DefaultNotifyCooldown
+	}
 	if c.MaxPayloadBytes == -1 {
 		c.MaxPayloadBytes = MaxPayloadBytes
 	}
@@ -140,6 +164,9 @@ func (c Config) validate() error {
 	}
 	if c.NotifyWithin < 0 && c.NotifyWithin != -1 {
 		return fmt.Errorf("%w: NotifyWithin %v: positive, or -1 for every task", ErrInvalidConfig, c.NotifyWithin)
+	}
+	if c.NotifyCooldown < 0 && c.NotifyCooldown != -1 {
+		return fmt.Errorf("%w: NotifyCooldown %v: positive, or -1 to notify at every commit", ErrInvalidConfig, c.NotifyCooldown)
 	}
 	if !plainIdent(c.NotifyChannel, true) {
 		return fmt.Errorf("%w: NotifyChannel %q must be 1..63 bytes of [a-z0-9_]", ErrInvalidConfig, c.NotifyChannel)
@@ -172,9 +199,10 @@ func plainIdent(s string, digitFirst bool) bool {
 // Client enqueues tasks into the outbox and manages them. It holds no connection and is
 // safe for concurrent use: every call takes the Querier to run on.
 type Client struct {
-	cfg   Config
-	store *taskstate.Store
-	sql   taskstate.Statements
+	cfg       Config
+	store     *taskstate.Store
+	sql       taskstate.Statements
+	notifiers *notifiers // nil when NotifyCooldown is -1
 }
 
 // New returns a Client for the outbox described by cfg.
@@ -187,7 +215,7 @@ func New(cfg Config) (*Client, error) {
 		Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel,
 		NotifyWithin: cfg.NotifyWithin, ClearPayloadOnDone: cfg.ClearPayloadOnDone,
 	})
-	return &Client{cfg: cfg, store: store, sql: store.SQL}, nil
+	return &Client{cfg: cfg, store: store, sql: store.SQL, notifiers: newNotifiers(cfg.NotifyCooldown)}, nil
 }
 
 // Table returns the quoted, schema-qualified outbox table name, e.g.

@@ -72,6 +72,21 @@ type Statements struct {
 	Find string
 }
 
+// server names the Postgres server and database a statement runs on (transaction
+// ids are the server's, notifications the database's): its name and the start
+// time of the server, which changes with a restart or a failover.
+const server = `current_database() || '@' || extract(epoch FROM pg_postmaster_start_time())::text`
+
+// covered is true when the enqueue's notification can be left out: the
+// transaction $10 (an xid8 as text) of server $11 (server), which notified the
+// same queue moments ago, has committed, so a relay woke then and its follow-up
+// rounds will move this task too. In progress, rolled back, unknown (too old, or
+// another server's), NULL: false, and the enqueue notifies. pg_xact_status
+// raises an error for an id not yet assigned, hence the comparison with this
+// transaction's own id first.
+const covered = `COALESCE(CASE WHEN $10::text::xid8 < pg_current_xact_id() AND $11::text = ` + server +
+	` THEN pg_xact_status($10::text::xid8) = 'committed' END, false)`
+
 // RowColumns are the columns Lookup and Lock return, in order.
 const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by, priority`
 
@@ -147,16 +162,19 @@ UNION ALL
 SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY queue`
 	return Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
-		// $7 trace_context or NULL, $8 start_by or NULL, $9 priority (0..9).
+		// $7 trace_context or NULL, $8 start_by or NULL, $9 priority (0..9), $10 and $11
+		// the cooldown's notifier (see covered) or NULL.
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
-		// transaction goes on.
+		// transaction goes on. Returns run_at, the notification count, this
+		// transaction's id and the server (server), for the next enqueue's $10 and $11.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
 	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz, $9::smallint)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at
 )
-SELECT run_at, %s FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+") AS v")),
+SELECT run_at, %s, pg_current_xact_id()::text, %s FROM ins`, table,
+			notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+" AND NOT "+covered+") AS v"), server),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an

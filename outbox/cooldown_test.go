@@ -1,0 +1,139 @@
+package outbox_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/outbox"
+)
+
+// notifications reads conn's notifications up to the marker, which the caller
+// sent after everything it wants counted (notifications arrive in commit order),
+// and returns them.
+func notifications(t *testing.T, pool *pgxpool.Pool, conn *pgx.Conn) []string {
+	t.Helper()
+	marker(t, pool, "marker")
+	var got []string
+	for {
+		p := nextNotification(t, conn)
+		if p == "marker" {
+			return got
+		}
+		got = append(got, p)
+	}
+}
+
+// enqueueNow enqueues a task due now through q, committed by itself when q is a pool.
+func enqueueNow(t *testing.T, c *outbox.Client, q outbox.Querier, queue, id string) {
+	t.Helper()
+	if res, err := c.Enqueue(t.Context(), q, outbox.Task{Queue: queue, ID: id}); err != nil || res.Duplicate {
+		t.Fatalf("Enqueue %s/%s: %+v, %v", queue, id, res, err)
+	}
+}
+
+// TestNotifyCooldown: within the cooldown of a committed notifier, enqueues of
+// the same Client into the same queue leave their notification out, on pgx and
+// database/sql alike; other queues, other databases, later enqueues, and a Client
+// with NotifyCooldown -1 notify.
+func TestNotifyCooldown(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	l := listen(t, b.url)
+	c := newClient(t, outbox.Config{NotifyCooldown: time.Hour})
+
+	enqueueNow(t, c, b.pool, "cool", "a")
+	enqueueNow(t, c, b.pool, "cool", "b")
+	if _, err := c.EnqueueSQL(ctx, b.sqlDB(t), outbox.Task{Queue: "cool", ID: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	enqueueNow(t, c, b.pool, "other", "a")
+	enqueueNow(t, c, b.pool, "other", "b")
+	// Due later than NotifyWithin: never a notification, nor a notifier.
+	if _, err := c.Enqueue(ctx, b.pool, outbox.Task{Queue: "later", ID: "a", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	enqueueNow(t, c, b.pool, "later", "b")
+	if got, want := notifications(t, b.pool, l), []string{"cool", "other", "later"}; !slices.Equal(got, want) {
+		t.Fatalf("notifications %q, want %q: one per queue", got, want)
+	}
+	if n := count(t, b.pool, "true"); n != 7 {
+		t.Fatalf("%d rows, want 7", n)
+	}
+
+	// Another database of the same server: its relay heard nothing, so the
+	// notifier of the first one covers nothing there, and every commit notifies
+	// while it is remembered.
+	url2 := testenv.PostgresURL(t)
+	pool2 := testenv.Pool(t, url2)
+	l2 := listen(t, url2)
+	enqueueNow(t, c, pool2, "cool", "x")
+	enqueueNow(t, c, pool2, "cool", "y")
+	if got, want := notifications(t, pool2, l2), []string{"cool", "cool"}; !slices.Equal(got, want) {
+		t.Fatalf("other database: notifications %q, want %q", got, want)
+	}
+
+	// After the cooldown, the next enqueue notifies again.
+	short := newClient(t, outbox.Config{NotifyCooldown: 50 * time.Millisecond})
+	enqueueNow(t, short, b.pool, "short", "a")
+	enqueueNow(t, short, b.pool, "short", "b")
+	time.Sleep(60 * time.Millisecond) // the cooldown is what is tested
+	enqueueNow(t, short, b.pool, "short", "c")
+	if got := notifications(t, b.pool, l); len(got) < 2 || got[0] != "short" || got[len(got)-1] != "short" {
+		t.Fatalf("50ms cooldown: notifications %q, want short at least twice", got)
+	}
+
+	each := newClient(t, outbox.Config{NotifyCooldown: -1})
+	for _, id := range []string{"a", "b", "c"} {
+		enqueueNow(t, each, b.pool, "each", id)
+	}
+	if got, want := notifications(t, b.pool, l), []string{"each", "each", "each"}; !slices.Equal(got, want) {
+		t.Fatalf("NotifyCooldown -1: notifications %q, want %q", got, want)
+	}
+
+	if d := newClient(t, outbox.Config{}).Config().NotifyCooldown; d != 25*time.Millisecond {
+		t.Errorf("default NotifyCooldown %v", d)
+	}
+	if _, err := outbox.New(outbox.Config{NotifyCooldown: -2}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("NotifyCooldown -2: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestNotifierRolledBack: a notifier in progress or rolled back covers nothing,
+// so the commits after it notify: a rolled-back notifier never leaves a later
+// commit unannounced.
+func TestNotifierRolledBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	l := listen(t, b.url)
+	c := newClient(t, outbox.Config{NotifyCooldown: time.Hour})
+
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	enqueueNow(t, c, tx, "q", "open")   // the notifier, in progress
+	enqueueNow(t, c, b.pool, "q", "a") // must notify: the notifier may roll back
+	if got, want := notifications(t, b.pool, l), []string{"q"}; !slices.Equal(got, want) {
+		t.Fatalf("notifier in progress: notifications %q, want %q", got, want)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	enqueueNow(t, c, b.pool, "q", "b") // the notifier rolled back: must notify
+	enqueueNow(t, c, b.pool, "q", "c")
+	if got, want := notifications(t, b.pool, l), []string{"q", "q"}; !slices.Equal(got, want) {
+		t.Fatalf("notifier rolled back: notifications %q, want %q", got, want)
+	}
+	if n := count(t, b.pool, "queue = 'q'"); n != 3 {
+		t.Fatalf("%d rows, want 3", n)
+	}
+}
