@@ -34,6 +34,8 @@ const (
 	DefaultLossCheckInterval = time.Second
 	DefaultLeaderRetry       = 5 * time.Second
 	DefaultOverdueAfter      = time.Minute
+	DefaultFollowUp          = 5 * time.Millisecond
+	DefaultFollowUpFor       = 100 * time.Millisecond
 )
 
 // Config configures a Relay. The zero value means every default. Durations that
@@ -74,6 +76,14 @@ type Config struct {
 	// the pooler keeps on one server connection) rather than a session. Default
 	// false.
 	PollOnly bool
+	// FollowUp and FollowUpFor: after every notification the relay runs a round
+	// every FollowUp for FollowUpFor (each notification starting the time again),
+	// which moves the tasks whose enqueues left their notification out because one
+	// into the same queue had just notified and committed (outbox
+	// Config.NotifyCooldown, 25ms by default: keep FollowUpFor well above it).
+	// Defaults 5ms and 100ms; FollowUpFor -1 turns the follow-up off (then set
+	// the producers' NotifyCooldown to -1 too).
+	FollowUp, FollowUpFor time.Duration
 	// RoundTimeout bounds one round (select, Redis write, update, commit). A round
 	// in hand is finished, not abandoned, when Run's context ends. Default 30s.
 	RoundTimeout time.Duration
@@ -96,7 +106,8 @@ type Config struct {
 	RetentionInterval time.Duration
 
 	// StatsInterval is how often the outbox depth and the relay lag gauges are
-	// refreshed (the lag also after every round that is not full). Default 15s;
+	// refreshed (the lag also after every round that is neither full nor a
+	// follow-up round). Default 15s;
 	// -1 turns the refresh off.
 	StatsInterval time.Duration
 
@@ -171,6 +182,8 @@ func (c Config) WithDefaults() Config {
 	defInt(&c.BatchSize, DefaultBatchSize)
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.RoundTimeout, DefaultRoundTimeout)
+	def(&c.FollowUp, DefaultFollowUp)
+	def(&c.FollowUpFor, DefaultFollowUpFor)
 	def(&c.ReapInterval, DefaultReapInterval)
 	defInt(&c.ReapBatch, DefaultReapBatch)
 	def(&c.Retention, DefaultRetention)
@@ -228,6 +241,8 @@ func (c Config) validate() error {
 		{"Horizon", c.Horizon, false},
 		{"PollInterval", c.PollInterval, false},
 		{"RoundTimeout", c.RoundTimeout, false},
+		{"FollowUp", c.FollowUp, false},
+		{"FollowUpFor", c.FollowUpFor, true},
 		{"ReapInterval", c.ReapInterval, true},
 		{"Retention", c.Retention, true},
 		{"RetentionInterval", c.RetentionInterval, false},
@@ -254,6 +269,8 @@ func (c Config) validate() error {
 		return bad("RepairRate %d: rows a second, at least 1, or -1 for off", c.RepairRate)
 	case c.RepairBatch < 1 || c.RepairBatch > 1000:
 		return bad("RepairBatch %d: 1..1000", c.RepairBatch)
+	case c.FollowUpFor != -1 && c.FollowUp > c.FollowUpFor:
+		return bad("FollowUp %v above FollowUpFor %v", c.FollowUp, c.FollowUpFor)
 	case c.BackoffMax < c.BackoffMin:
 		return bad("BackoffMax %v below BackoffMin %v", c.BackoffMax, c.BackoffMin)
 	}

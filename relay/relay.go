@@ -143,9 +143,12 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // relayLoop runs rounds: at once after a full one, else after a notification, when
-// the next pending row comes within the horizon, or after the poll interval.
+// the next pending row comes within the horizon, or after the poll interval; and
+// every FollowUp for FollowUpFor after a notification, for the tasks whose enqueue
+// left its notification out (outbox Config.NotifyCooldown).
 func (r *Relay) relayLoop(ctx context.Context) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
+	var followUntil time.Time // the follow-up of the last notification ends then
 	for ctx.Err() == nil {
 		n, err := r.round(ctx)
 		if err != nil {
@@ -158,9 +161,12 @@ func (r *Relay) relayLoop(ctx context.Context) {
 		if n == r.cfg.BatchSize {
 			continue
 		}
-		wait := r.cfg.PollInterval
-		if d, err := r.untilNext(ctx); err == nil && d < wait {
-			wait = d
+		wait := r.cfg.FollowUp
+		if time.Until(followUntil) <= 0 {
+			wait = r.cfg.PollInterval
+			if d, err := r.untilNext(ctx); err == nil && d < wait {
+				wait = d
+			}
 		}
 		if wait <= 0 {
 			continue
@@ -169,6 +175,9 @@ func (r *Relay) relayLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-r.wake:
+			if r.cfg.FollowUpFor > 0 {
+				followUntil = time.Now().Add(r.cfg.FollowUpFor)
+			}
 		case <-t.C:
 		}
 		t.Stop()
