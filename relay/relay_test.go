@@ -617,7 +617,8 @@ func TestConfig(t *testing.T) {
 	if cfg.Schema != "public" || cfg.Horizon != time.Hour || cfg.BatchSize != 1000 || cfg.PollInterval != 5*time.Second ||
 		cfg.ReapInterval != time.Second || cfg.Retention != 7*24*time.Hour || cfg.RetentionBatch != 1000 ||
 		cfg.NotifyChannel != outbox.DefaultNotifyChannel || cfg.Logger == nil || cfg.RepairRate != 5000 ||
-		cfg.RepairBatch != 500 || cfg.RepairPause != 30*time.Second || cfg.LossCheckInterval != time.Second {
+		cfg.RepairBatch != 500 || cfg.RepairPause != 30*time.Second || cfg.LossCheckInterval != time.Second ||
+		cfg.FollowUp != 5*time.Millisecond || cfg.FollowUpFor != 100*time.Millisecond {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	b := setup(t)
@@ -638,6 +639,9 @@ func TestConfig(t *testing.T) {
 		{LossCheckInterval: -1},
 		{LeaderRetry: -time.Second},
 		{OverdueAfter: -time.Minute},
+		{FollowUp: -1},
+		{FollowUpFor: -2},
+		{FollowUp: time.Second, FollowUpFor: time.Millisecond},
 	} {
 		if _, err := relay.New(b.pool, b.dq, c); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want ErrInvalidConfig", c, err)
@@ -646,8 +650,8 @@ func TestConfig(t *testing.T) {
 	if _, err := relay.New(nil, b.dq, relay.Config{}); !errors.Is(err, relay.ErrInvalidConfig) {
 		t.Errorf("New(nil pool): %v", err)
 	}
-	// -1 turns the reaper, the retention and the self-healing off.
-	if _, err := relay.New(b.pool, b.dq, relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1, RepairRate: -1}); err != nil {
+	// -1 turns the reaper, the retention, the self-healing and the follow-up off.
+	if _, err := relay.New(b.pool, b.dq, relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1, RepairRate: -1, FollowUpFor: -1}); err != nil {
 		t.Errorf("off switches: %v", err)
 	}
 	reg := prometheus.NewRegistry()

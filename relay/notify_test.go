@@ -1,0 +1,199 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
+)
+
+// These tests run the relay with a poll interval of a minute, so that only a
+// notification, or the follow-up rounds after one, can move a task in time.
+
+// notifyCounter listens on the default channel of the bundle's database.
+type notifyCounter struct{ conn *pgx.Conn }
+
+func (b testBundle) listen(t *testing.T) notifyCounter {
+	t.Helper()
+	conn, err := pgx.Connect(ctxT(t), b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctxT(t), "LISTEN "+outbox.DefaultNotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	return notifyCounter{conn}
+}
+
+// count returns how many notifications payload had since the last count: it
+// sends a marker and reads up to it (notifications arrive in commit order). The
+// marker wakes the relays too.
+func (n notifyCounter) count(t *testing.T, b testBundle, payload string) int {
+	t.Helper()
+	if _, err := b.pool.Exec(ctxT(t), `SELECT pg_notify($1, 'marker')`, outbox.DefaultNotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	c := 0
+	for {
+		m, err := n.conn.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("no marker: %v", err)
+		}
+		switch m.Payload {
+		case "marker":
+			return c
+		case payload:
+			c++
+		}
+	}
+}
+
+// commitNow commits one task due now through ob in a transaction of its own.
+func (b testBundle) commitNow(t *testing.T, ob *outbox.Client, queue, id string) {
+	t.Helper()
+	err := pgx.BeginFunc(ctxT(t), b.pool, func(tx pgx.Tx) error {
+		_, err := ob.Enqueue(ctxT(t), tx, outbox.Task{Queue: queue, ID: id})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue %s/%s: %v", queue, id, err)
+	}
+}
+
+// waitReady waits until queue's ready set holds ids (sorted) and returns how long
+// it took.
+func (b testBundle) waitReady(t *testing.T, timeout time.Duration, queue string, ids ...string) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	slices.Sort(ids)
+	eventually(t, timeout, func() (bool, string) {
+		got := b.ready(t, queue)
+		return slices.Equal(got, ids), fmt.Sprintf("%s ready %v, want %v", queue, got, ids)
+	})
+	return time.Since(t0)
+}
+
+func newOutbox(t *testing.T, cfg outbox.Config) *outbox.Client {
+	t.Helper()
+	ob, err := outbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
+}
+
+// TestLoneNearDueEnqueue: a task due now, committed while the relay idles for a
+// minute, reaches Redis at once: its enqueue notified.
+func TestLoneNearDueEnqueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, relay.Config{PollInterval: time.Minute})
+	b.commitNow(t, b.ob, "warm", "a")
+	b.waitReady(t, 10*time.Second, "warm", "a")
+	// Past the follow-up of the warm-up's notification: the relay idles.
+	time.Sleep(3 * relay.DefaultFollowUpFor)
+	b.commitNow(t, b.ob, "lone", "a")
+	d := b.waitReady(t, 2*time.Second, "lone", "a")
+	t.Logf("lone near-due enqueue: in Redis %v after its commit", d)
+}
+
+// TestSkippedNotificationsRelayed: enqueues that left their notification out
+// (a committed notifier of their queue within the cooldown) are moved by the
+// relay's follow-up rounds, although nothing woke it for them.
+func TestSkippedNotificationsRelayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := b.listen(t)
+	ob := newOutbox(t, outbox.Config{NotifyCooldown: time.Hour})
+	b.start(t, relay.Config{PollInterval: time.Minute, FollowUpFor: 20 * time.Second})
+	b.commitNow(t, ob, "q", "first")
+	b.waitReady(t, 10*time.Second, "q", "first")
+	b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
+	// The round that moved the first has committed, and the relay, which then
+	// looked for pending rows and found none, idles: the others are left to the
+	// follow-up.
+	time.Sleep(200 * time.Millisecond)
+	ids := []string{"first"}
+	for i := range 5 {
+		id := fmt.Sprintf("skipped-%d", i)
+		b.commitNow(t, ob, "q", id)
+		ids = append(ids, id)
+	}
+	d := b.waitReady(t, 5*time.Second, "q", ids...)
+	t.Logf("skipped notifications: in Redis %v after the last commit", d)
+	// Counted after: the marker would wake the relay.
+	if n := l.count(t, b, "q"); n != 1 {
+		t.Fatalf("%d notifications for q, want 1: the others within the cooldown leave theirs out", n)
+	}
+}
+
+// TestNotifierRolledBackRelayed: a notifier that rolled back does not keep the
+// next commit of its queue from waking the relay (whose follow-up is too short to
+// help).
+func TestNotifierRolledBackRelayed(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	b := setup(t)
+	ob := newOutbox(t, outbox.Config{NotifyCooldown: time.Hour})
+	cfg := relay.Config{PollInterval: time.Minute, FollowUp: time.Millisecond, FollowUpFor: 10 * time.Millisecond}
+	b.start(t, cfg)
+	b.commitNow(t, b.ob, "warm", "a")
+	b.waitReady(t, 10*time.Second, "warm", "a")
+	time.Sleep(10 * cfg.FollowUpFor) // past the follow-up: the relay idles
+
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.Enqueue(ctx, tx, outbox.Task{Queue: "q", ID: "rolled-back"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.commitNow(t, ob, "q", "after")
+	d := b.waitReady(t, 2*time.Second, "q", "after")
+	t.Logf("after a rolled-back notifier: in Redis %v after the commit", d)
+}
+
+// TestManyProducersSkipping: 8 producers commit tasks due now into one queue with
+// the default cooldown and follow-up; most leave their notification out, and
+// every task reaches Redis promptly.
+func TestManyProducersSkipping(t *testing.T) {
+	t.Parallel()
+	const producers, each = 8, 60
+	b := setup(t)
+	l := b.listen(t)
+	b.start(t, relay.Config{PollInterval: time.Minute})
+	var (
+		wg  sync.WaitGroup
+		ids []string
+	)
+	for p := range producers {
+		for i := range each {
+			ids = append(ids, fmt.Sprintf("p%d-%d", p, i))
+		}
+		wg.Go(func() {
+			for i := range each {
+				b.commitNow(t, b.ob, "q", fmt.Sprintf("p%d-%d", p, i))
+			}
+		})
+	}
+	wg.Wait()
+	d := b.waitReady(t, 5*time.Second, "q", ids...)
+	n := l.count(t, b, "q")
+	t.Logf("%d producers, %d tasks: %d notifications, all in Redis %v after the last commit", producers, len(ids), n, d)
+	if n >= len(ids)*3/4 {
+		t.Errorf("%d notifications for %d tasks: the cooldown left few out", n, len(ids))
+	}
+}
