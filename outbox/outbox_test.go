@@ -617,8 +617,9 @@ func TestCancelReschedule(t *testing.T) {
 	ctx := t.Context()
 	b := setup(t)
 	l := listen(t, b.url)
+	each := newClient(t, outbox.Config{NotifyCooldown: -1}) // no cooldown: each enqueue notifies
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := b.client.Enqueue(ctx, b.pool, outbox.Task{Queue: "q", ID: id, Payload: []byte("p"), Delay: time.Second}); err != nil {
+		if _, err := each.Enqueue(ctx, b.pool, outbox.Task{Queue: "q", ID: id, Payload: []byte("p"), Delay: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if got := nextNotification(t, l); got != "q" {
