@@ -57,7 +57,8 @@ func FuzzConfigs(f *testing.F) {
 
 		rc := relay.Config{Schema: s1, NotifyChannel: s2, Horizon: a, PollInterval: b, ReapInterval: c,
 			Retention: c, BatchSize: n1, ReapBatch: n2, RetentionBatch: n2, BackoffMin: a, BackoffMax: b,
-			StatsInterval: c, QueueRefresh: b, RoundTimeout: a, RetentionInterval: b, Queues: []string{s2}}
+			StatsInterval: c, QueueRefresh: b, RoundTimeout: a, RetentionInterval: b, Queues: []string{s2},
+			FollowUp: a, FollowUpFor: c}
 		verr := rc.Validate()
 		rl, nerr := relay.New(pool, dq, rc)
 		if (verr == nil) != (nerr == nil) {
@@ -68,7 +69,8 @@ func FuzzConfigs(f *testing.F) {
 		} else {
 			e := rl.Config()
 			if e.BatchSize < 1 || e.BatchSize > 10000 || e.Horizon <= 0 || e.PollInterval <= 0 ||
-				e.ReapInterval <= 0 && e.ReapInterval != -1 || e.Retention <= 0 && e.Retention != -1 || e.BackoffMax < e.BackoffMin {
+				e.ReapInterval <= 0 && e.ReapInterval != -1 || e.Retention <= 0 && e.Retention != -1 || e.BackoffMax < e.BackoffMin ||
+				e.FollowUp <= 0 || e.FollowUpFor <= 0 && e.FollowUpFor != -1 || e.FollowUpFor != -1 && e.FollowUp > e.FollowUpFor {
 				t.Fatalf("relay accepted %+v", e)
 			}
 		}
@@ -107,10 +109,11 @@ func FuzzConfigs(f *testing.F) {
 			t.Fatalf("delayq accepted %+v", e)
 		}
 
-		oc := outbox.Config{Schema: s1, NotifyChannel: s2, MaxPayloadBytes: n1, DefaultMaxAttempts: n2, NotifyWithin: a}
+		oc := outbox.Config{Schema: s1, NotifyChannel: s2, MaxPayloadBytes: n1, DefaultMaxAttempts: n2, NotifyWithin: a, NotifyCooldown: b}
 		if o, err := outbox.New(oc); err != nil {
 			refusal(t, "outbox", err, outbox.ErrInvalidConfig)
-		} else if e := o.Config(); e.MaxPayloadBytes < -1 || e.DefaultMaxAttempts < 1 || !strings.HasPrefix(o.Table(), `"`) {
+		} else if e := o.Config(); e.MaxPayloadBytes < -1 || e.DefaultMaxAttempts < 1 || !strings.HasPrefix(o.Table(), `"`) ||
+			e.NotifyCooldown <= 0 && e.NotifyCooldown != -1 {
 			t.Fatalf("outbox accepted %+v (table %s)", e, o.Table())
 		}
 
