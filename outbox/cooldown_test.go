@@ -119,8 +119,8 @@ func TestNotifierRolledBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	enqueueNow(t, c, tx, "q", "open")   // the notifier, in progress
+	defer tx.Rollback(ctx)             //nolint:errcheck
+	enqueueNow(t, c, tx, "q", "open")  // the notifier, in progress
 	enqueueNow(t, c, b.pool, "q", "a") // must notify: the notifier may roll back
 	if got, want := notifications(t, b.pool, l), []string{"q"}; !slices.Equal(got, want) {
 		t.Fatalf("notifier in progress: notifications %q, want %q", got, want)

@@ -96,9 +96,10 @@ func Workloads() []string {
 	for n := range reg {
 		names = append(names, n)
 	}
-	order := map[string]int{"enqueue-tx": 0, "enqueue-batch": 1, "relay": 2, "drain-tx": 3, "drain-tx-write": 4,
-		"drain-tx-group": 5, "drain-tx-write-group": 6, "drain-plain": 7, "lateness": 8, "memory": 9, "recovery": 10,
-		"redis-loss": 11, "redis-loss-restart": 12, "redis-loss-failover": 13, "idle": 14, "rate-limit": 15, "priority": 16, "bounds": 17, "prune": 18, "soak": 19}
+	order := map[string]int{"enqueue-tx": 0, "enqueue-tx-soon": 1, "enqueue-tx-soon-each": 2, "enqueue-batch": 3, "relay": 4,
+		"drain-tx": 5, "drain-tx-write": 6, "drain-tx-group": 7, "drain-tx-write-group": 8, "drain-plain": 9, "lateness": 10,
+		"memory": 11, "recovery": 12, "redis-loss": 13, "redis-loss-restart": 14, "redis-loss-failover": 15, "idle": 16,
+		"rate-limit": 17, "priority": 18, "bounds": 19, "prune": 20, "soak": 21}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

@@ -13,7 +13,9 @@ import (
 // registry lists the workloads by name.
 func registry() map[string]workload {
 	return map[string]workload{
-		"enqueue-tx":           {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx},
+		"enqueue-tx":           {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx(time.Hour, 0)},
+		"enqueue-tx-soon":      {"enqueue-tx, but due in 10 s: within the notify window, notifications coalesced (NotifyCooldown 25 ms)", enqueueTx(10*time.Second, 0)},
+		"enqueue-tx-soon-each": {"enqueue-tx-soon with a notification at every commit (NotifyCooldown -1)", enqueueTx(10*time.Second, -1)},
 		"enqueue-batch":        {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
 		"relay":                {"100,000 pending rows due now moved to Redis; lag commit→Redis under 2,000 tasks/s", relayBench},
 		"drain-tx":             {"20,000 tasks due now, 32 slots, no-op transactional handler", drain(drainTx, false)},
@@ -38,7 +40,20 @@ func registry() map[string]workload {
 
 var payload20 = []byte(`{"order":"12345678"}`) // 20 bytes, the size the targets are stated for
 
-func enqueueTx(ctx context.Context, s *session, r *Result) error {
+// enqueueTx: producers committing a task due after delay each, through an outbox
+// client with the given NotifyCooldown (0: the default).
+func enqueueTx(delay, cooldown time.Duration) func(ctx context.Context, s *session, r *Result) error {
+	return func(ctx context.Context, s *session, r *Result) error {
+		ob, err := outbox.New(outbox.Config{Schema: s.schema, NotifyCooldown: cooldown})
+		if err != nil {
+			return err
+		}
+		r.Params["due_in"], r.Params["notify_cooldown"] = delay.String(), ob.Config().NotifyCooldown.String()
+		return enqueueTxRun(ctx, s, r, ob, delay)
+	}
+}
+
+func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client, delay time.Duration) error {
 	n, producers := s.n(20_000), 8
 	r.Params["tasks"], r.Params["producers"] = n, producers
 	var next atomic.Int64
@@ -53,8 +68,8 @@ func enqueueTx(ctx context.Context, s *session, r *Result) error {
 			if err != nil {
 				return err
 			}
-			res, err := s.ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", i),
-				Payload: payload20, Delay: time.Hour})
+			res, err := ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", i),
+				Payload: payload20, Delay: delay})
 			if err != nil {
 				_ = tx.Rollback(ctx)
 				return err
