@@ -10,11 +10,12 @@ import (
 // expire.
 const maxNotifiers = 1024
 
-// notifier is an enqueue that notified: its transaction (an xid8 as text), the
-// server it ran on (taskstate's server expression), and when it was sent.
+// notifier is an enqueue that notified: its row's task_id and created_at, which
+// the next enqueue's statement looks for, and when it was sent.
 type notifier struct {
-	xid, server string
-	sent        time.Time
+	id        string
+	createdAt time.Time
+	sent      time.Time
 }
 
 // notifiers remembers, per queue, the enqueue whose notification the next ones of
@@ -36,8 +37,8 @@ func newNotifiers(cooldown time.Duration) *notifiers {
 }
 
 // lookup returns the statement's arguments for queue at now: the notifier's
-// transaction and server, or two NULLs when there is none within the cooldown.
-func (n *notifiers) lookup(queue string, now time.Time) (xid, server any) {
+// task_id and created_at, or two NULLs when there is none within the cooldown.
+func (n *notifiers) lookup(queue string, now time.Time) (id, createdAt any) {
 	if n == nil {
 		return nil, nil
 	}
@@ -47,7 +48,7 @@ func (n *notifiers) lookup(queue string, now time.Time) (xid, server any) {
 	if !ok || now.Sub(e.sent) >= n.cooldown {
 		return nil, nil
 	}
-	return e.xid, e.server
+	return e.id, e.createdAt
 }
 
 // notified records e, an enqueue into queue that notified, unless the queue's

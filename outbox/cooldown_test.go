@@ -105,9 +105,9 @@ func TestNotifyCooldown(t *testing.T) {
 	}
 }
 
-// TestNotifierRolledBack: a notifier in progress or rolled back covers nothing,
-// so the commits after it notify: a rolled-back notifier never leaves a later
-// commit unannounced.
+// TestNotifierRolledBack: a notifier in progress or rolled back (also to a
+// savepoint, its transaction committing) covers nothing, so the commits after it
+// notify: a rolled-back notifier never leaves a later commit unannounced.
 func TestNotifierRolledBack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -135,5 +135,28 @@ func TestNotifierRolledBack(t *testing.T) {
 	}
 	if n := count(t, b.pool, "queue = 'q'"); n != 3 {
 		t.Fatalf("%d rows, want 3", n)
+	}
+
+	// A notifier rolled back to a savepoint, in a transaction that commits: its
+	// notification was dropped with it, so it covers nothing either.
+	c2 := newClient(t, outbox.Config{NotifyCooldown: time.Hour})
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		sp, err := tx.Begin(ctx) // SAVEPOINT
+		if err != nil {
+			return err
+		}
+		enqueueNow(t, c2, sp, "sp", "rolled-back")
+		if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
+			return err
+		}
+		enqueueNow(t, newClient(t, outbox.Config{}), tx, "other", "kept") // the transaction commits a task
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueueNow(t, c2, b.pool, "sp", "after")
+	if got, want := notifications(t, b.pool, l), []string{"other", "sp"}; !slices.Equal(got, want) {
+		t.Fatalf("notifier rolled back to a savepoint: notifications %q, want %q", got, want)
 	}
 }

@@ -39,7 +39,8 @@
 // Near-due tasks do not pay it at every commit either: an Enqueue leaves its
 // notification out when an earlier Enqueue of the same Client into the same queue
 // notified less than Config.NotifyCooldown (25ms) before and its transaction has
-// committed, which the statement itself checks (pg_xact_status, no round trip). That
+// committed, which the statement itself checks (that enqueue's row is visible to it:
+// committed, and not rolled back to a savepoint; no round trip). That
 // commit woke the relays, which run follow-up rounds for their FollowUpFor (100ms)
 // after every wake-up and move this task too. A notifier still in progress or rolled
 // back covers nothing: the enqueue notifies. So every committed near-due task wakes a

@@ -72,15 +72,15 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
 	sent := time.Now()
-	xid, server := c.notifiers.lookup(w.queue, sent)
+	id, createdAt := c.notifiers.lookup(w.queue, sent)
 	var (
 		notified int64
-		me       = notifier{sent: sent}
+		me       = notifier{id: w.id, sent: sent}
 	)
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, xid, server},
+	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, id, createdAt},
 		func(scan func(...any) error) error {
 			res.Duplicate = false
-			return scan(&res.RunAt, &notified, &me.xid, &me.server)
+			return scan(&res.RunAt, &notified, &me.createdAt)
 		})
 	if err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue %s/%s: %w", t.Queue, t.ID, err)

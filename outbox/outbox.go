@@ -108,13 +108,13 @@ type Config struct {
 	// FollowUpFor (100ms by default) after, which move this task as well. Postgres
 	// serializes the commits of notifying transactions (one disk flush each, no
 	// group commit), so near-due producers otherwise run slower than due-later
-	// ones. The check is part of the enqueue's statement (pg_xact_status of the
-	// earlier transaction: no round trip); when that transaction is still in
-	// progress, rolled back, or ran on another server or database, the enqueue
-	// notifies. Keep it well below the relays' FollowUpFor: a transaction that
-	// commits more than FollowUpFor − NotifyCooldown (75ms by default) after an
-	// enqueue that left its notification out waits for the next wake-up of its
-	// queue, or the relay's PollInterval. EnqueueMany, Reschedule and dead retries
+	// ones. The check is part of the enqueue's statement (no round trip): the
+	// earlier enqueue's row must be visible to it, that is committed, savepoint
+	// included; when it is still in progress, rolled back, or in another
+	// database, the enqueue notifies. Keep it well below the relays' FollowUpFor:
+	// a transaction that commits more than FollowUpFor − NotifyCooldown (75ms by
+	// default) after an enqueue that left its notification out waits for the
+	// next wake-up of its queue, or the relay's PollInterval. EnqueueMany, Reschedule and dead retries
 	// notify at every commit. Default 25ms (DefaultNotifyCooldown); -1 notifies at
 	// every commit.
 	NotifyCooldown time.Duration

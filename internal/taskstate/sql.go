@@ -72,21 +72,6 @@ type Statements struct {
 	Find string
 }
 
-// server names the Postgres server and database a statement runs on (transaction
-// ids are the server's, notifications the database's): its name and the start
-// time of the server, which changes with a restart or a failover.
-const server = `current_database() || '@' || extract(epoch FROM pg_postmaster_start_time())::text`
-
-// covered is true when the enqueue's notification can be left out: the
-// transaction $10 (an xid8 as text) of server $11 (server), which notified the
-// same queue moments ago, has committed, so a relay woke then and its follow-up
-// rounds will move this task too. In progress, rolled back, unknown (too old, or
-// another server's), NULL: false, and the enqueue notifies. pg_xact_status
-// raises an error for an id not yet assigned, hence the comparison with this
-// transaction's own id first.
-const covered = `COALESCE(CASE WHEN $10::text::xid8 < pg_current_xact_id() AND $11::text = ` + server +
-	` THEN pg_xact_status($10::text::xid8) = 'committed' END, false)`
-
 // RowColumns are the columns Lookup and Lock return, in order.
 const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by, priority`
 
@@ -163,18 +148,28 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 	return Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
 		// $7 trace_context or NULL, $8 start_by or NULL, $9 priority (0..9), $10 and $11
-		// the cooldown's notifier (see covered) or NULL.
+		// the task_id and created_at of an enqueue into the same queue that notified
+		// moments ago, or NULL.
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
-		// transaction goes on. Returns run_at, the notification count, this
-		// transaction's id and the server (server), for the next enqueue's $10 and $11.
+		// transaction goes on. Returns run_at, the notification count and created_at.
+		//
+		// The notification is left out when that enqueue's row is visible to this
+		// statement: its transaction committed (and the savepoint it ran in, if any,
+		// was not rolled back), so its notification was delivered and the relay's
+		// follow-up rounds move this task too (outbox Config.NotifyCooldown). In
+		// progress, rolled back, another database, or this transaction under an
+		// older snapshot (REPEATABLE READ): not visible, and the enqueue notifies. A
+		// visible row of this transaction is covered too: its notification goes out
+		// at this commit. created_at (the inserting transaction's start) tells that
+		// row from another with the same key; an update (queued, done) keeps it.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
 	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz, $9::smallint)
 	ON CONFLICT (queue, task_id) DO NOTHING
-	RETURNING run_at
+	RETURNING run_at, created_at
 )
-SELECT run_at, %s, pg_current_xact_id()::text, %s FROM ins`, table,
-			notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+" AND NOT "+covered+") AS v"), server),
+SELECT run_at, %s, created_at FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+
+			" AND NOT EXISTS (SELECT FROM "+table+" WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)) AS v")),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
