@@ -72,7 +72,7 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 	w := c.row(ctx, t)
 	res := Result{Duplicate: true}
 	sent := time.Now()
-	id, createdAt := c.notifiers.lookup(w.queue, sent)
+	id, createdAt, renew := c.notifiers.lookup(w.queue, sent)
 	var (
 		notified int64
 		me       = notifier{id: w.id, sent: sent}
@@ -82,11 +82,9 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 			res.Duplicate = false
 			return scan(&res.RunAt, &notified, &me.createdAt)
 		})
+	c.notifiers.done(w.queue, me, renew, err == nil && notified > 0)
 	if err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue %s/%s: %w", t.Queue, t.ID, err)
-	}
-	if notified > 0 {
-		c.notifiers.notified(w.queue, me)
 	}
 	return res, nil
 }

@@ -44,13 +44,60 @@ var payload20 = []byte(`{"order":"12345678"}`) // 20 bytes, the size the targets
 // client with the given NotifyCooldown (0: the default).
 func enqueueTx(delay, cooldown time.Duration) func(ctx context.Context, s *session, r *Result) error {
 	return func(ctx context.Context, s *session, r *Result) error {
-		ob, err := outbox.New(outbox.Config{Schema: s.schema, NotifyCooldown: cooldown})
+		// A channel of the session's own, so that the count is this run's alone.
+		ob, err := outbox.New(outbox.Config{Schema: s.schema, NotifyChannel: s.schema, NotifyCooldown: cooldown})
 		if err != nil {
 			return err
 		}
 		r.Params["due_in"], r.Params["notify_cooldown"] = delay.String(), ob.Config().NotifyCooldown.String()
-		return enqueueTxRun(ctx, s, r, ob, delay)
+		count, err := s.countNotifications(ctx, s.schema)
+		if err != nil {
+			return err
+		}
+		err = enqueueTxRun(ctx, s, r, ob, delay)
+		notified, cerr := count()
+		if err != nil {
+			return err
+		}
+		if cerr != nil {
+			return cerr
+		}
+		r.add("notifications", float64(notified), "notifications")
+		return nil
 	}
+}
+
+// countNotifications LISTENs on channel on a connection of its own; count sends a
+// marker, waits for it and returns how many notifications came before it.
+func (s *session) countNotifications(ctx context.Context, channel string) (count func() (int, error), err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return func() (int, error) {
+		c := conn.Hijack() // LISTENing: not for the pool again
+		defer c.Close(context.WithoutCancel(ctx))
+		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, channel); err != nil {
+			return 0, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		n := 0
+		for {
+			m, err := c.WaitForNotification(wctx)
+			if err != nil {
+				return n, err
+			}
+			if m.Payload == "" {
+				return n, nil
+			}
+			n++
+		}
+	}, nil
 }
 
 func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client, delay time.Duration) error {
