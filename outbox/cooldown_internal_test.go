@@ -31,7 +31,7 @@ func TestNotifiersRenewal(t *testing.T) {
 	check(60, "a", false)
 	n.done("q", notifier{id: "b", sent: at(50)}, true, true)
 	check(99, "a", false)
-	check(100, nil, true) // a expired, b took over half-way through its own cooldown
+	check(100, nil, true)                                      // a expired, b took over half-way through its own cooldown
 	n.done("q", notifier{id: "c", sent: at(100)}, true, false) // a renewal that did not notify (a duplicate)
 	check(101, nil, true)
 	n.done("q", notifier{id: "d", sent: at(101)}, true, true)
