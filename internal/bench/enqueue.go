@@ -50,6 +50,9 @@ func enqueueTx(delay, cooldown time.Duration) func(ctx context.Context, s *sessi
 			return err
 		}
 		r.Params["due_in"], r.Params["notify_cooldown"] = delay.String(), ob.Config().NotifyCooldown.String()
+		if cooldown < 0 {
+			r.Params["notify_cooldown"] = "-1 (every commit)"
+		}
 		count, err := s.countNotifications(ctx, s.schema)
 		if err != nil {
 			return err
