@@ -73,7 +73,7 @@ FROM generate_series(1, 20000) AS i`)
 		{"guard", st.Guard, []any{"q1", "t41", 1, false}, "delayq_outbox_pkey"},
 		{"guard many", st.GuardMany, []any{[]string{"q1", "q2"}, []string{"t41", "t42"}, []int32{1, 1}, []bool{false, false}}, "delayq_outbox_pkey"},
 		{"guard a group's runs", st.GuardGroup, []any{[]string{"q1", "q2", "q3"}, []string{"t41", "t42", "t43"}, []int32{1, 1, 1}, []bool{false, false, false}, []bool{true, false, false}}, "delayq_outbox_pkey"},
-		{"enqueue: its notifier's row", st.Enqueue, []any{"q1", "new", nil, int64(0), []byte("x"), int32(1), nil, nil, "t41", time.Now()}, "Index Scan using delayq_outbox_pkey"},
+		{"enqueue: its notifier's row", st.Enqueue, []any{"q1", "new", nil, int64(0), []byte("x"), int32(1), nil, nil, int16(0), "t41", time.Now()}, "Index Scan using delayq_outbox_pkey"},
 		{"retry dead", st.RetryDead, []any{[]string{"q1"}, []string{"t52"}, 1000}, "delayq_outbox_pkey"},
 		{"retry dead, edited", st.RetryDeadEdited, []any{"q2", "t52", 1, []byte(`{}`)}, "delayq_outbox_pkey"},
 	} {
