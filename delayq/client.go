@@ -222,25 +222,78 @@ func leaseLost(op, queue, id string) error {
 // Extend renews the lease of a claimed task to lease from now (Redis clock).
 // ErrLeaseLost: the token no longer holds the task; nothing changed.
 func (c *Client) Extend(ctx context.Context, queue, id, token string, lease time.Duration) error {
-	k, err := c.leaseArgs(queue, id, token)
+	renewed, err := c.ExtendMany(ctx, queue, []Lease{{ID: id, Token: token}}, lease)
 	if err != nil {
 		return err
 	}
-	if lease <= 0 || ms(lease) > maxMS {
-		return fmt.Errorf("%w: lease %v: must be positive", ErrInvalidArgument, lease)
-	}
-	v, err := c.run(ctx, c.s.extend, []string{k.Active, k.TaskPrefix}, id, token, ms(lease))
-	if err != nil {
-		return fmt.Errorf("delayq: extend %s/%s: %w", queue, id, err)
-	}
-	_, ok, err := parseExtend(v)
-	if err != nil {
-		return err
-	}
-	if !ok {
+	if !renewed[0] {
 		return leaseLost("extend", queue, id)
 	}
 	return nil
+}
+
+// ExtendMany renews leases of claimed tasks of queue as Extend does, with one
+// script call per 1,000 of them: a worker renews every lease it holds in a queue
+// at once. renewed[i] reports leases[i]: false means its token no longer holds
+// the task (the lease was lost) and that task is unchanged. Every lease and the
+// duration are validated before anything is written; an error after that may
+// leave earlier calls applied.
+func (c *Client) ExtendMany(ctx context.Context, queue string, leases []Lease, lease time.Duration) (renewed []bool, err error) {
+	k, err := c.Keys(queue)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLeases(leases); err != nil {
+		return nil, err
+	}
+	if lease <= 0 || ms(lease) > maxMS {
+		return nil, fmt.Errorf("%w: lease %v: must be positive", ErrInvalidArgument, lease)
+	}
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	return c.runLeases(ctx, c.s.extend, "extend", queue, []string{k.Active, k.TaskPrefix}, ms(lease), leases, parseExtend)
+}
+
+// checkLeases validates leases for a batch script: each with a valid id and token.
+func checkLeases(leases []Lease) error {
+	for _, l := range leases {
+		if err := validate.TaskID(l.ID); err != nil {
+			return err
+		}
+		if err := checkToken(l.Token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runLeases runs a batch script (complete, extend) over leases of queue, one call
+// per maxComplete of them, each with first then the id, token pairs, and appends
+// what parse reads of each reply: one bool per lease.
+func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue string, keys []string, first any,
+	leases []Lease, parse func(dst []bool, v any, n int) ([]bool, error)) ([]bool, error) {
+	out := make([]bool, 0, len(leases))
+	args := make([]any, 0, 1+2*min(len(leases), maxComplete))
+	for len(leases) > 0 {
+		part := leases[:min(len(leases), maxComplete)]
+		leases = leases[len(part):]
+		args = append(args[:0], first)
+		for _, l := range part {
+			args = append(args, l.ID, l.Token)
+		}
+		v, err := c.run(ctx, s, keys, args...)
+		if err != nil {
+			if len(part) == 1 {
+				return nil, fmt.Errorf("delayq: %s %s/%s: %w", op, queue, part[0].ID, err)
+			}
+			return nil, fmt.Errorf("delayq: %s %d tasks of %s: %w", op, len(part), queue, err)
+		}
+		if out, err = parse(out, v, len(part)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Complete marks a claimed task done: it leaves active and its hash stays as the
@@ -267,39 +320,18 @@ func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease)
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range leases {
-		if err := validate.TaskID(l.ID); err != nil {
-			return nil, err
-		}
-		if err := checkToken(l.Token); err != nil {
-			return nil, err
-		}
+	if err := checkLeases(leases); err != nil {
+		return nil, err
+	}
+	if len(leases) == 0 {
+		return nil, nil
 	}
 	var ret int64
 	if c.cfg.DoneRetention > 0 {
 		ret = ms(c.cfg.DoneRetention)
 	}
-	done = make([]bool, 0, len(leases))
-	for len(leases) > 0 {
-		part := leases[:min(len(leases), maxComplete)]
-		leases = leases[len(part):]
-		args := make([]any, 1, 1+2*len(part))
-		args[0] = ret
-		for _, l := range part {
-			args = append(args, l.ID, l.Token)
-		}
-		v, err := c.run(ctx, c.s.complete, []string{k.Active, k.TaskPrefix, k.History}, args...)
-		if err != nil {
-			if len(part) == 1 {
-				return nil, fmt.Errorf("delayq: complete %s/%s: %w", queue, part[0].ID, err)
-			}
-			return nil, fmt.Errorf("delayq: complete %d tasks of %s: %w", len(part), queue, err)
-		}
-		if done, err = appendApplied(done, v, "complete", len(part)); err != nil {
-			return nil, err
-		}
-	}
-	return done, nil
+	return c.runLeases(ctx, c.s.complete, "complete", queue, []string{k.Active, k.TaskPrefix, k.History}, ret, leases,
+		func(dst []bool, v any, n int) ([]bool, error) { return appendApplied(dst, v, "complete", n) })
 }
 
 // Retry gives a failed run back: the task is due again after delay (> 0, rounded up

@@ -303,6 +303,105 @@ func TestCompleteManyInvalidWritesNothing(t *testing.T) {
 	}
 }
 
+func TestExtendMany(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	tasks := make([]Task, 1003)
+	for i := range tasks {
+		tasks[i] = Task{ID: fmt.Sprintf("x-%04d", i), RunAt: now.Add(-time.Second)}
+	}
+	b.enqueue(t, tasks...)
+	var leases []Lease
+	for len(leases) < len(tasks) {
+		for _, ct := range b.claim(t, 1000, time.Minute).Tasks {
+			leases = append(leases, Lease{ID: ct.ID, Token: ct.Token})
+		}
+	}
+	// Refused: a completed task, a stale token, a task removed, a task released
+	// and claimed again (another token); the first and the last call's are renewed.
+	if err := b.c.Complete(ctx, "q", leases[5].ID, leases[5].Token); err != nil {
+		t.Fatal(err)
+	}
+	leases[7].Token = "stale.1"
+	if _, err := b.c.Remove(ctx, "q", leases[9].ID); err != nil {
+		t.Fatal(err)
+	}
+	before := b.info(t, leases[7].ID)
+	if err := b.c.Release(ctx, "q", leases[1001].ID, leases[1001].Token); err != nil {
+		t.Fatal(err)
+	}
+	if cl := b.claim(t, 1, time.Minute); len(cl.Tasks) != 1 || cl.Tasks[0].ID != leases[1001].ID {
+		t.Fatalf("claim again: %+v", cl)
+	}
+
+	renewed, err := b.c.ExtendMany(ctx, "q", leases, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(renewed) != len(leases) {
+		t.Fatalf("%d results for %d leases", len(renewed), len(leases))
+	}
+	refused := map[int]bool{5: true, 7: true, 9: true, 1001: true}
+	for i, r := range renewed {
+		if r == refused[i] {
+			t.Errorf("lease %d (%s): renewed %v, want %v", i, leases[i].ID, r, !refused[i])
+		}
+	}
+	soon := float64(now.Add(2 * time.Minute).Unix())
+	for _, i := range []int{0, 1000, 1002} {
+		if s := b.rdb.ZScore(ctx, b.k.Active, leases[i].ID).Val(); s < soon {
+			t.Errorf("lease %d not renewed: deadline %v", i, s)
+		}
+	}
+	for _, i := range []int{7, 1001} {
+		if s := b.rdb.ZScore(ctx, b.k.Active, leases[i].ID).Val(); s > soon {
+			t.Errorf("refused lease %d renewed: deadline %v", i, s)
+		}
+	}
+	if after := b.info(t, leases[7].ID); after.State != StateActive || after.Attempt != before.Attempt || !after.Score.Equal(before.Score) {
+		t.Errorf("stale lease changed its task: %+v -> %+v", before, after)
+	}
+	if ti := b.info(t, leases[5].ID); ti.State != StateMissing {
+		t.Errorf("completed task after extend: %+v", ti)
+	}
+	if ti := b.info(t, leases[9].ID); ti.State != StateMissing {
+		t.Errorf("removed task after extend: %+v", ti)
+	}
+}
+
+// A malformed lease anywhere in the batch, or a bad duration, is refused before
+// anything is written.
+func TestExtendManyInvalidWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	b.enqueue(t, Task{ID: "a", RunAt: now.Add(-time.Second)}, Task{ID: "b", RunAt: now.Add(-time.Second)})
+	cl := b.claim(t, 2, time.Minute)
+	good := []Lease{{ID: cl.Tasks[0].ID, Token: cl.Tasks[0].Token}, {ID: cl.Tasks[1].ID, Token: cl.Tasks[1].Token}}
+	snap := b.snapshot(t)
+	for _, bad := range []Lease{{ID: "", Token: "x"}, {ID: "b", Token: ""}, {ID: "{b}", Token: "x"}, {ID: "b", Token: strings.Repeat("t", 101)}} {
+		_, err := b.c.ExtendMany(ctx, "q", append(slices.Clone(good), bad), time.Hour)
+		if !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidTaskID) {
+			t.Errorf("lease %+v: %v", bad, err)
+		}
+	}
+	for _, d := range []time.Duration{0, -time.Second, (1<<40 + 1) * time.Millisecond} {
+		if _, err := b.c.ExtendMany(ctx, "q", good, d); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("lease %v: %v", d, err)
+		}
+	}
+	if _, err := b.c.ExtendMany(ctx, "bad queue", good, time.Hour); !errors.Is(err, ErrInvalidQueue) {
+		t.Errorf("bad queue: %v", err)
+	}
+	sameSnapshot(t, "after refused batches", snap, b.snapshot(t))
+	if r, err := b.c.ExtendMany(ctx, "q", nil, time.Hour); err != nil || len(r) != 0 {
+		t.Errorf("empty batch: %v %v", r, err)
+	}
+}
+
 func TestEnqueueHigherVersionReplaces(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

@@ -212,19 +212,20 @@ func parseClaim(v any, queue string) (Claim, error) {
 	return c, nil
 }
 
-// parseExtend returns the new lease deadline, or ok=false for a lost lease.
-func parseExtend(v any) (until time.Time, ok bool, err error) {
-	switch x := v.(type) {
-	case int64:
-		if x != 0 {
-			return time.Time{}, false, replyErr("extend: status %d", x)
-		}
-		return time.Time{}, false, nil
-	case string:
-		t, err := parseScore(x)
-		return t, err == nil, err
+// parseExtend reads an extend reply, the new deadline then one code per lease
+// (1 renewed, 0 lost), onto dst. On an error dst comes back as it was.
+func parseExtend(dst []bool, v any, n int) ([]bool, error) {
+	a, err := asArray(v, "extend")
+	if err != nil {
+		return dst, err
 	}
-	return time.Time{}, false, replyErr("extend: got %T", v)
+	if len(a) != n+1 {
+		return dst, replyErr("extend: %d fields for %d leases", len(a), n)
+	}
+	if _, err := scoreField(a[0], "extend deadline"); err != nil {
+		return dst, err
+	}
+	return appendApplied(dst, a[1:], "extend", n)
 }
 
 // parseCode reads an integer status that must be one of allowed.

@@ -78,8 +78,8 @@ var validReplies = []any{
 	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0),
 		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""}, // claim
 	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
-	"1700000060.123", // extend
-	int64(0),         // lease lost
+	[]any{"1700000060.123", int64(1), int64(0)},                               // extend, two leases: renewed, lost
+	int64(0), // a status
 	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                         // reap
 	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                         // stats
 	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "7", "", "", "", "", "", "", "", int64(-2), ""}, // inspect 2 ids
@@ -111,7 +111,9 @@ func FuzzParseReplies(f *testing.F) {
 		} else if !errors.Is(err, ErrUnexpectedReply) {
 			t.Fatalf("parseClaim: %v", err)
 		}
-		_, _, _ = parseExtend(v)
+		if r, err := parseExtend(nil, v, int(n)); err == nil && len(r) != int(n) {
+			t.Fatalf("parseExtend: %d codes for %d", len(r), n)
+		}
 		_, _ = parseCode(v, "x", 0, 1)
 		_, _ = parseReap(v)
 		if s, err := parseStats(v); err == nil && s.OldestLateness < 0 {
@@ -148,11 +150,8 @@ func TestParseValidReplies(t *testing.T) {
 		c.Tasks[0].StartBy.UnixMilli() != 1699999999999 || c.Tasks[1].StartBy.UnixMilli() != 1700000000000 {
 		t.Errorf("claim with deadlines %+v %v: a deadline before now is missed, one at now is not", c, err)
 	}
-	if until, ok, err := parseExtend(validReplies[3]); err != nil || !ok || until.UnixMilli() != 1700000060123 {
-		t.Errorf("extend %v %v %v", until, ok, err)
-	}
-	if _, ok, err := parseExtend(validReplies[4]); err != nil || ok {
-		t.Errorf("extend lost %v %v", ok, err)
+	if r, err := parseExtend([]bool{true}, validReplies[3], 2); err != nil || len(r) != 3 || !r[0] || !r[1] || r[2] {
+		t.Errorf("extend %v %v", r, err)
 	}
 	r, err := parseReap(validReplies[5])
 	if err != nil || len(r.Requeued) != 1 || len(r.Exhausted) != 2 || r.Orphans != nil {
@@ -196,8 +195,10 @@ func TestParseMalformedReplies(t *testing.T) {
 			return err
 		}},
 		{"claim score", func() error { _, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0)}, "q"); return err }},
-		{"extend type", func() error { _, _, err := parseExtend(nil); return err }},
-		{"extend code", func() error { _, _, err := parseExtend(int64(3)); return err }},
+		{"extend type", func() error { _, err := parseExtend(nil, int64(0), 1); return err }},
+		{"extend count", func() error { _, err := parseExtend(nil, []any{"1700000060.123", int64(1)}, 2); return err }},
+		{"extend deadline", func() error { _, err := parseExtend(nil, []any{"NaN", int64(1)}, 1); return err }},
+		{"extend code", func() error { _, err := parseExtend(nil, []any{"1700000060.123", int64(3)}, 1); return err }},
 		{"code", func() error { _, err := parseCode(int64(9), "x", 0, 1); return err }},
 		{"reap shape", func() error { _, err := parseReap([]any{[]any{}}); return err }},
 		{"reap id", func() error { _, err := parseReap([]any{[]any{int64(1)}, []any{}, []any{}}); return err }},
