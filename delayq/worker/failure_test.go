@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
@@ -401,5 +402,92 @@ func TestFailedCommitRecordsNothing(t *testing.T) {
 	}
 	if n := b.count(t, `SELECT count(*) FROM once`); n != 0 {
 		t.Errorf("%d rows of the failed commit kept", n)
+	}
+}
+
+// extendCounter counts the extend script calls on a Redis client and the most
+// leases one of them carried.
+type extendCounter struct {
+	calls, most atomic.Int64
+}
+
+func (c *extendCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *extendCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (c *extendCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// EVALSHA sha numkeys keys... args...: extend is the worker's only script
+		// with two keys (active, task prefix); its args are a lease and pairs.
+		if a := cmd.Args(); len(a) > 3 && (a[0] == "evalsha" || a[0] == "eval") && fmt.Sprint(a[2]) == "2" {
+			c.calls.Add(1)
+			n := int64(len(a)-6) / 2
+			for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// One heartbeat renews every lease of a queue with one call, and a lease Redis
+// refuses cancels that run's handler only: the others keep their leases and
+// complete.
+func TestHeartbeatsRenewAllLeasesInOneCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var counter extendCounter
+	b.rdb.AddHook(&counter)
+	lease, every := 300*time.Millisecond, 50*time.Millisecond
+	started := make(chan string, 4)
+	release := make(chan struct{})
+	h := b.start(t, Config{Lease: lease, HeartbeatInterval: every}, func(w *Worker) {
+		_ = w.Handle("hb4", func(ctx context.Context, tk *Task) error {
+			started <- tk.ID
+			select {
+			case <-release: // ignores ctx otherwise: only the heartbeats keep the lease
+				return nil
+			case <-ctx.Done():
+				if !errors.Is(context.Cause(ctx), ErrLeaseLost) {
+					t.Errorf("%s: handler context cause %v, want ErrLeaseLost", tk.ID, context.Cause(ctx))
+				}
+				return ctx.Err()
+			}
+		}, QueueConfig{Concurrency: 4})
+	})
+	b.enqueue(t, task("hb4", "a"), task("hb4", "b"), task("hb4", "c"), task("hb4", "d"))
+	for range 4 {
+		<-started
+	}
+	begin := time.Now()
+	k, err := b.dq.Keys("hb4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.HSet(context.Background(), k.TaskKey("b"), "t", "someone-else").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.expect(t, "b", outLeaseLost)
+	// The others outlive their lease several times over, then finish.
+	time.Sleep(3 * lease)
+	close(release)
+	got := map[string]outcome{}
+	for range 3 {
+		f := h.next(t)
+		got[f.task.ID] = f.out
+	}
+	elapsed := time.Since(begin)
+	for _, id := range []string{"a", "c", "d"} {
+		if got[id] != outSucceeded {
+			t.Errorf("run %s ended %q, want succeeded; log:\n%s", id, got[id], h.logs)
+		}
+	}
+	if s := h.w.Stats(); s.LeaseLost != 1 || s.Succeeded != 3 {
+		t.Errorf("stats %+v", s)
+	}
+	// A beat every every/2 at most, one call each (plus the first beats before
+	// begin), and the calls carried all four leases at once.
+	if calls, most := counter.calls.Load(), counter.most.Load(); calls > int64(elapsed/(every/2))+4 || most != 4 {
+		t.Errorf("%d extend calls in %v (beats every %v), at most %d leases a call, want 4", calls, elapsed, every/2, most)
 	}
 }

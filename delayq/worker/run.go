@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +30,7 @@ type run struct {
 	lost atomic.Bool // the lease is known to be lost
 	// failure is the error fail recorded (nil when the run did not fail).
 	failure error
-	hbOff   func() // stops the heartbeats (idempotent)
+	beating atomic.Bool // the worker's heartbeats renew the lease (heartbeat.go)
 	// ctx is the handler's, cancelled (stop) with ErrLeaseLost when the lease
 	// is lost and with ErrShutdown after the shutdown timeout; octx is the
 	// observer's, which ctx derives from.
@@ -73,8 +72,8 @@ func (w *Worker) startRun(hard context.Context, q *queue, ct delayq.ClaimedTask,
 	w.stats.inFlight.Add(1)
 	r.octx = w.obs.RunStart(hard, r.t)
 	r.ctx, r.stop = context.WithCancelCause(r.octx)
-	r.hbOff = r.heartbeat(r.ctx, r.stop)
 	r.start = time.Now()
+	w.beats.on(r, r.start)
 	return r
 }
 
@@ -410,63 +409,5 @@ func (r *run) release(ctx context.Context) outcome {
 	return outReleased
 }
 
-// heartbeat renews the lease every HeartbeatInterval until stopped. When the lease
-// is lost, or cannot be renewed before it runs out, it cancels the handler's
-// context with ErrLeaseLost. It returns the (idempotent) stop function, which
-// waits for a renewal in progress.
-//
-// A timer, not a goroutine: most runs end before their first heartbeat, and then
-// a heartbeat costs nothing but starting and stopping the timer.
-func (r *run) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) func() {
-	w := r.w
-	every := w.cfg.HeartbeatInterval
-	if every <= 0 {
-		return func() {}
-	}
-	var (
-		mu       sync.Mutex // held by a renewal in progress
-		stopped  bool
-		stopping atomic.Bool // stop was called: a renewal's answer no longer matters
-		timer    *time.Timer
-	)
-	deadline := time.Now().Add(w.cfg.Lease) // not before the claim's deadline
-	beat := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		sent := time.Now()
-		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), min(w.cfg.OpTimeout, every))
-		err := w.dq.Extend(ectx, r.t.Queue, r.t.ID, r.ct.Token, w.cfg.Lease)
-		ecancel()
-		if stopping.Load() { // stopped meanwhile: the ack may revoke the token next
-			return
-		}
-		switch {
-		case err == nil:
-			deadline = sent.Add(w.cfg.Lease)
-			timer.Reset(max(0, time.Until(sent.Add(every))))
-			return
-		case errors.Is(err, delayq.ErrLeaseLost):
-		case time.Now().Before(deadline):
-			w.log.Warn("worker: heartbeat failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
-			timer.Reset(max(0, time.Until(sent.Add(every))))
-			return
-		default:
-			w.log.Warn("worker: heartbeat failed until the lease ran out", "queue", r.t.Queue, "id", r.t.ID, "err", err)
-		}
-		r.markLost()
-		cancel(ErrLeaseLost)
-	}
-	mu.Lock()
-	timer = time.AfterFunc(every, beat)
-	mu.Unlock()
-	return func() {
-		stopping.Store(true)
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		timer.Stop()
-	}
-}
+// hbOff stops the heartbeats of the run's lease (idempotent).
+func (r *run) hbOff() { r.w.beats.off(r) }

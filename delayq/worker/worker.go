@@ -81,6 +81,8 @@ type Worker struct {
 	// the batch acknowledger of successful runs in Redis (completer.go).
 	completions chan *completion
 	acks        chan *ackRequest
+	// beats renews the leases of the runs in flight while Run runs.
+	beats *heartbeats
 
 	mu      sync.Mutex
 	queues  map[string]*queue
@@ -260,7 +262,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	hard, hardCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardCancel(nil)
 
-	// Both stages close after every run has returned.
+	// Both stages and the heartbeats stop after every run has returned.
 	defer w.startStages()()
 
 	var loops sync.WaitGroup
@@ -315,14 +317,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// startStages starts the batch recorder and acknowledger (completer.go) and
-// returns the function that stops them, once no run is left.
+// startStages starts the batch recorder and acknowledger (completer.go) and the
+// heartbeats (heartbeat.go), and returns the function that stops them, once no
+// run is left.
 func (w *Worker) startStages() (stop func()) {
 	w.completions, w.acks = make(chan *completion), make(chan *ackRequest)
-	recorded, acked := make(chan struct{}), make(chan struct{})
+	w.beats = newHeartbeats(w)
+	recorded, acked, beaten := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	bctx, stopBeats := context.WithCancel(context.Background())
 	go func() { batches(w.completions, w.recordBatch); close(recorded) }()
 	go func() { batches(w.acks, w.ackBatch); close(acked) }()
+	go func() { w.beats.loop(bctx); close(beaten) }()
 	return func() {
+		stopBeats()
+		<-beaten
 		close(w.completions)
 		<-recorded
 		close(w.acks)
