@@ -45,109 +45,128 @@ func batches[T any](in <-chan T, settle func([]T)) {
 	}
 }
 
-// completion is one plain run waiting for its completion to be recorded.
-type completion struct {
-	completion taskstate.Completion
-	done       chan completionResult
-}
-
-type completionResult struct {
-	applied bool
-	err     error
-}
-
-// recordBatch marks a batch done, atomically, and answers every run.
-func (w *Worker) recordBatch(batch []*completion) {
+// recordBatch marks a batch of plain runs done, atomically, and hands the applied
+// ones to the acknowledger, which ends them. A run refused (or a batch that
+// failed) is settled on a goroutine of its own, as the run itself would have: a
+// rare path, with round trips of its own.
+func (w *Worker) recordBatch(batch []*run) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
 	done := make([]taskstate.Completion, len(batch))
-	for i, c := range batch {
-		done[i] = c.completion
+	for i, r := range batch {
+		done[i] = taskstate.Completion{Key: r.key(), ClearPayload: r.q.cfg.ClearPayload}
 	}
 	// One statement is its own transaction: one round trip.
 	applied, err := w.store.MarkDoneMany(ctx, w.pool, done)
-	for i, c := range batch {
-		if err != nil {
-			c.done <- completionResult{err: fmt.Errorf("record completion: %w", err)}
-			continue
+	for i, r := range batch {
+		switch {
+		case err != nil:
+			w.settleAside(r, func(ctx context.Context) outcome {
+				return r.fail(ctx, fmt.Errorf("record completion: %w", err))
+			})
+		case !applied[i]:
+			w.settleAside(r, func(ctx context.Context) outcome {
+				o, err := r.refusedByState(ctx)
+				if err != nil {
+					return r.fail(ctx, err)
+				}
+				return o
+			})
+		default:
+			w.stats.succeeded.Add(1)
+			w.acks <- ackItem{r: r}
 		}
-		c.done <- completionResult{applied: applied[i]}
 	}
 }
 
-// completePlain records a plain run's completion through the batch, then acks
-// Redis as complete does for a transactional run.
-func (r *run) completePlain(ctx context.Context) (outcome, error) {
-	w, t := r.w, r.t
-	c := &completion{
-		completion: taskstate.Completion{
-			Key:          taskstate.Key{Queue: t.Queue, ID: t.ID, Version: t.Version},
-			ClearPayload: r.q.cfg.ClearPayload,
-		},
-		done: make(chan completionResult, 1),
-	}
-	select {
-	case w.completions <- c:
-	case <-ctx.Done():
-		return "", fmt.Errorf("record completion: %w", ctx.Err())
-	}
-	res := <-c.done // answered within OpTimeout
-	if res.err != nil {
-		return "", res.err
-	}
-	if !res.applied {
-		return r.refusedByState(ctx)
-	}
-	return r.succeeded(ctx), nil
+// settleAside settles a handed-off run with settle on a goroutine of its own,
+// within OpTimeout, and ends it. The stages wait for these before they stop.
+func (w *Worker) settleAside(r *run, settle func(ctx context.Context) outcome) {
+	w.aside.Go(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.octx), w.cfg.OpTimeout)
+		defer cancel()
+		r.finish(settle(ctx))
+	})
 }
 
-// ackRequest is one successful run waiting for its Redis acknowledgement.
-type ackRequest struct {
-	queue string
-	lease delayq.Lease
-	done  chan error
+// handOffPlain hands a successful plain run to the batch recorder: its goroutine
+// returns to the pool at once, and the stages end the run (outPending).
+func (r *run) handOffPlain() outcome {
+	r.w.completions <- r // the recorder takes it within OpTimeout
+	return outPending
 }
 
-// ackBatch completes a batch in Redis, one call per queue, and answers every run:
-// nil, an ErrLeaseLost error, or the call's error.
-func (w *Worker) ackBatch(batch []*ackRequest) {
+// handOff hands a run whose completion committed to the acknowledger, which acks
+// Redis and ends the run (outPending).
+func (r *run) handOff() outcome {
+	r.w.stats.succeeded.Add(1)
+	r.w.acks <- ackItem{r: r}
+	return outPending
+}
+
+// ackItem is one successful run waiting for its Redis acknowledgement. With done
+// nil the run was handed off: the acknowledger ends it; else the run waits for
+// the ack's result on done.
+type ackItem struct {
+	r    *run
+	done chan error
+}
+
+// ackBatch completes a batch in Redis, one call per queue, and ends the runs
+// handed off or answers those waiting: nil, an ErrLeaseLost error, or the call's
+// error.
+func (w *Worker) ackBatch(batch []ackItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
-	byQueue := make(map[string][]*ackRequest, 1)
+	byQueue := make(map[string][]ackItem, 1)
 	for _, a := range batch {
-		byQueue[a.queue] = append(byQueue[a.queue], a)
+		a.r.hbOff()
+		if f := w.hooks.beforeAck; f != nil {
+			if err := f(a.r.t); err != nil {
+				w.acked(a, err)
+				continue
+			}
+		}
+		byQueue[a.r.t.Queue] = append(byQueue[a.r.t.Queue], a)
 	}
 	leases := make([]delayq.Lease, 0, len(batch))
-	for q, reqs := range byQueue {
+	for q, items := range byQueue {
 		leases = leases[:0]
-		for _, a := range reqs {
-			leases = append(leases, a.lease)
+		for _, a := range items {
+			leases = append(leases, delayq.Lease{ID: a.r.t.ID, Token: a.r.ct.Token})
 		}
 		done, err := w.dq.CompleteMany(ctx, q, leases)
-		for i, a := range reqs {
+		for i, a := range items {
 			switch {
 			case err != nil:
-				a.done <- err
+				w.acked(a, err)
 			case !done[i]:
-				a.done <- fmt.Errorf("delayq: complete %s/%s: %w", q, a.lease.ID, delayq.ErrLeaseLost)
+				w.acked(a, leaseLost(a.r.t))
 			default:
-				a.done <- nil
+				w.acked(a, nil)
 			}
 		}
 	}
 }
 
-// acknowledge completes the run's task in Redis through the batch.
-func (r *run) acknowledge(ctx context.Context) error {
-	a := &ackRequest{
-		queue: r.t.Queue,
-		lease: delayq.Lease{ID: r.t.ID, Token: r.ct.Token},
-		done:  make(chan error, 1),
+// acked answers a run waiting for its ack, or ends a run handed off.
+func (w *Worker) acked(a ackItem, err error) {
+	if a.done != nil {
+		a.done <- err
+		return
 	}
-	select {
-	case r.w.acks <- a:
-	case <-ctx.Done():
-		return fmt.Errorf("complete: %w", ctx.Err())
-	}
+	a.r.ackFailed(err)
+	a.r.finish(outSucceeded)
+}
+
+func leaseLost(t *Task) error {
+	return fmt.Errorf("delayq: complete %s/%s: %w", t.Queue, t.ID, delayq.ErrLeaseLost)
+}
+
+// acknowledge completes the run's task in Redis through the batch and waits for
+// the result.
+func (r *run) acknowledge() error {
+	a := ackItem{r: r, done: make(chan error, 1)}
+	r.w.acks <- a   // the acknowledger takes it within OpTimeout
 	return <-a.done // answered within OpTimeout
 }

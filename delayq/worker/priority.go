@@ -288,7 +288,7 @@ func (w *Worker) groupClaim(ctx, hard context.Context, waiter *delayq.Waiter, m 
 			q.group.add(w.startRun(hard, q, ct, cl.Now, slot))
 			continue
 		}
-		runs.Go(func() { w.run(hard, q, ct, cl.Now, slot) })
+		runs.Go(func() { w.start(hard, q, ct, cl.Now, slot) })
 	}
 	switch {
 	case cl.RateWait > 0:

@@ -31,6 +31,10 @@ type run struct {
 	// failure is the error fail recorded (nil when the run did not fail).
 	failure error
 	beating atomic.Bool // the worker's heartbeats renew the lease (heartbeat.go)
+	// out is how the run ended (set by finish); ended, when not nil, is closed
+	// then (run waits on it).
+	out   outcome
+	ended chan struct{}
 	// ctx is the handler's, cancelled (stop) with ErrLeaseLost when the lease
 	// is lost and with ErrShutdown after the shutdown timeout; octx is the
 	// observer's, which ctx derives from.
@@ -39,21 +43,36 @@ type run struct {
 	start     time.Time // the handler's start, for the run's duration
 }
 
-// run executes a claimed task and does its bookkeeping. hard is cancelled when the
-// shutdown timeout has passed. It returns the task, how the run ended, and its
-// failure (nil unless it failed).
+// run executes a claimed task, does its bookkeeping and waits until the run has
+// ended. hard is cancelled when the shutdown timeout has passed. It returns the
+// task, how the run ended, and its failure (nil unless it failed).
 func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
 	r := w.startRun(hard, q, ct, claimedAt, slot)
+	r.ended = make(chan struct{})
+	r.runOn()
+	<-r.ended
+	return r.t, r.out, r.failure
+}
+
+// start executes a claimed task and does its bookkeeping, or hands the run to the
+// completion stages (completer.go), which end it.
+func (w *Worker) start(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) {
+	w.startRun(hard, q, ct, claimedAt, slot).runOn()
+}
+
+// runOn runs the handler and settles the run, or hands it off.
+func (r *run) runOn() {
 	var o outcome
-	if ct.Missed {
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), w.cfg.OpTimeout)
+	if r.ct.Missed {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), r.w.cfg.OpTimeout)
 		o = r.missDeadline(bctx)
 		cancel()
 	} else {
 		o = r.execute(r.ctx)
 	}
-	r.finish(o)
-	return r.t, o, r.failure
+	if o != outPending {
+		r.finish(o)
+	}
 }
 
 // startRun counts a claimed task as in flight and starts its heartbeats; finish
@@ -90,6 +109,10 @@ func (r *run) finish(o outcome) {
 	r.stop(nil)
 	w.stats.inFlight.Add(-1)
 	r.slot()
+	r.out = o
+	if r.ended != nil {
+		close(r.ended)
+	}
 }
 
 // execute runs the handler and settles the task; it returns the outcome.
@@ -115,6 +138,9 @@ func (r *run) execute(ctx context.Context) outcome {
 	default:
 		err = r.call(ctx, func(ctx context.Context) error { return q.plain(ctx, t) })
 		r.slot()
+		if err == nil {
+			return r.handOffPlain()
+		}
 	}
 
 	// Bookkeeping outlives the handler's context: a finished handler's work is
@@ -124,8 +150,6 @@ func (r *run) execute(ctx context.Context) outcome {
 	if err == nil {
 		var o outcome
 		switch {
-		case q.plain != nil:
-			o, err = r.completePlain(bctx)
 		case q.sql != nil:
 			o, err = r.completeSQL(bctx, sqlTx)
 		default:
@@ -168,7 +192,7 @@ func (r *run) call(ctx context.Context, h Next) error {
 // together or not at all, then Redis is acknowledged. (When the handler wrote
 // nothing, the transaction never began: completeAlone.) It releases conn, and
 // returns an error when nothing may have been committed.
-// (Plain runs go through completePlain.)
+// (Plain runs go through the batch recorder: handOffPlain.)
 func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (outcome, error) {
 	w, t := r.w, r.t
 	if !tx.begun() {
@@ -195,7 +219,7 @@ func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (
 	if err := cmp.Or(commitErr, closeErr); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
-	return r.succeeded(ctx), nil
+	return r.handOff(), nil
 }
 
 // completeAlone records a successful run whose handler wrote nothing: the guard
@@ -211,7 +235,7 @@ func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, e
 	if tag.RowsAffected() == 0 {
 		return r.refusedByState(ctx)
 	}
-	return r.succeeded(ctx), nil
+	return r.handOff(), nil
 }
 
 // refusedByState settles a run whose guard matched no row, by the row's state now.
@@ -223,18 +247,22 @@ func (r *run) refusedByState(ctx context.Context) (outcome, error) {
 	return r.refused(ctx, st), nil
 }
 
-// succeeded counts a run whose completion committed and acks Redis.
+// succeeded counts a run whose completion committed and acks Redis, waiting for
+// the ack (the hot paths hand the run off instead: handOff).
 func (r *run) succeeded(ctx context.Context) outcome {
-	w, t := r.w, r.t
-	w.stats.succeeded.Add(1)
-	if err := r.ack(ctx); err != nil {
-		// Done in Postgres: a redelivery after the lease is suppressed by the guard.
-		if !errors.Is(err, delayq.ErrLeaseLost) {
-			w.log.Warn("worker: ack failed after commit; the task will be suppressed when redelivered",
-				"queue", t.Queue, "id", t.ID, "err", err)
-		}
-	}
+	r.w.stats.succeeded.Add(1)
+	r.ackFailed(r.ack(ctx))
 	return outSucceeded
+}
+
+// ackFailed notes an ack of a committed run that failed: a lost lease, or an
+// error logged (done in Postgres: a redelivery after the lease is suppressed by
+// the guard).
+func (r *run) ackFailed(err error) {
+	if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+		r.w.log.Warn("worker: ack failed after commit; the task will be suppressed when redelivered",
+			"queue", r.t.Queue, "id", r.t.ID, "err", err)
+	}
 }
 
 // ack tells Redis the task is done.
@@ -245,7 +273,10 @@ func (r *run) ack(ctx context.Context) error {
 			return err
 		}
 	}
-	return r.leaseErr(r.acknowledge(ctx))
+	if ctx.Err() != nil {
+		return fmt.Errorf("complete: %w", ctx.Err())
+	}
+	return r.acknowledge()
 }
 
 // leaseErr counts a lost lease (once per run) and passes err on.

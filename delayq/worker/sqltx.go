@@ -91,5 +91,5 @@ func (r *run) completeSQL(ctx context.Context, tx *sql.Tx) (outcome, error) {
 	if err := tx.Commit(); err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
-	return r.succeeded(ctx), nil
+	return r.handOff(), nil
 }

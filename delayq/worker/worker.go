@@ -79,8 +79,9 @@ type Worker struct {
 	hooks hooks
 	// While Run runs, completions feeds the batch recorder of plain runs and acks
 	// the batch acknowledger of successful runs in Redis (completer.go).
-	completions chan *completion
-	acks        chan *ackRequest
+	completions chan *run
+	acks        chan ackItem
+	aside       sync.WaitGroup // the recorder's runs settled aside (settleAside)
 	// beats renews the leases of the runs in flight while Run runs.
 	beats *heartbeats
 
@@ -114,6 +115,8 @@ const (
 	outCancelled      = outcome(OutcomeCancelled)
 	outMissedDeadline = outcome(OutcomeMissedDeadline)
 	outError          = outcome(OutcomeError) // bookkeeping failed; the lease will expire
+	// outPending: the run was handed to the completion stages, which end it.
+	outPending = outcome("pending")
 )
 
 type queue struct {
@@ -321,7 +324,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // heartbeats (heartbeat.go), and returns the function that stops them, once no
 // run is left.
 func (w *Worker) startStages() (stop func()) {
-	w.completions, w.acks = make(chan *completion), make(chan *ackRequest)
+	w.completions, w.acks = make(chan *run), make(chan ackItem)
 	w.beats = newHeartbeats(w)
 	recorded, acked, beaten := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	bctx, stopBeats := context.WithCancel(context.Background())
@@ -329,42 +332,25 @@ func (w *Worker) startStages() (stop func()) {
 	go func() { batches(w.acks, w.ackBatch); close(acked) }()
 	go func() { w.beats.loop(bctx); close(beaten) }()
 	return func() {
-		stopBeats()
-		<-beaten
 		close(w.completions)
 		<-recorded
+		w.aside.Wait()
 		close(w.acks)
 		<-acked
+		stopBeats()
+		<-beaten
 	}
 }
 
 // claimLoop claims the tasks of q while ctx lasts and starts a run for each.
 func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *queue, runs *runners) {
-	// A token in slots is a running handler (or a slot reserved for a claim).
-	slots := make(chan struct{}, q.cfg.Concurrency)
-	free := func(n int) {
-		for range n {
-			<-slots
-		}
-	}
+	slots := newQueueSlots(q.cfg.Concurrency, claimCoalesce)
+	defer slots.close()
+	free := slots.free
+	backlog := false // the last claim left tasks due
 	for {
-		// Block until at least one slot is free, then take all free slots.
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		n := 1
-	more:
-		for n < q.cfg.Concurrency {
-			select {
-			case slots <- struct{}{}:
-				n++
-			default:
-				break more
-			}
-		}
-		if ctx.Err() != nil {
+		n := slots.take(ctx, backlog)
+		if n == 0 || ctx.Err() != nil {
 			free(n)
 			return
 		}
@@ -393,13 +379,14 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 			continue
 		}
 		free(n - len(cl.Tasks))
+		backlog = len(cl.Tasks) > 0 && cl.NextDue == 0 && cl.RateWait == 0
 		for _, ct := range cl.Tasks {
 			slot := sync.OnceFunc(func() { free(1) })
 			if q.group != nil && !ct.Missed { // a missed task runs nothing: settled alone
 				q.group.add(w.startRun(hard, q, ct, cl.Now, slot))
 				continue
 			}
-			runs.Go(func() { w.run(hard, q, ct, cl.Now, slot) })
+			runs.Go(func() { w.start(hard, q, ct, cl.Now, slot) })
 		}
 		var wait time.Duration
 		switch {
@@ -422,6 +409,80 @@ func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *
 		}
 	}
 }
+
+// claimCoalesce is how long a queue with a backlog waits for more of its slots to
+// come free before it claims (queueSlots.take): a claim of several tasks costs
+// Redis little more than a claim of one, and without the wait a backlog drained by
+// handlers that end one by one is claimed a freed slot at a time. A due task waits
+// at most this long for its claim, and only while older tasks are still due.
+const claimCoalesce = time.Millisecond
+
+// queueSlots is a queue's concurrency: a token in ch is a running handler (or a
+// slot reserved for a claim).
+type queueSlots struct {
+	ch     chan struct{}
+	wait   time.Duration // claimCoalesce
+	target int           // the slots a coalescing take waits for: a quarter
+	timer  *time.Timer   // reused by every take: no timer per claim
+}
+
+func newQueueSlots(size int, wait time.Duration) *queueSlots {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &queueSlots{ch: make(chan struct{}, size), wait: wait, target: max(1, size/4), timer: t}
+}
+
+// take blocks until at least one slot is free (or ctx is done: 0), then takes every
+// free slot. With coalesce (the queue has a backlog) and fewer than a quarter of
+// the slots free, it first waits up to s.wait for that many.
+func (s *queueSlots) take(ctx context.Context, coalesce bool) int {
+	select {
+	case s.ch <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1 + s.takeFree(cap(s.ch)-1)
+	if coalesce && n < s.target {
+		s.timer.Reset(s.wait)
+	wait:
+		for n < s.target {
+			select {
+			case s.ch <- struct{}{}:
+				n++
+			case <-s.timer.C:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+		s.timer.Stop()
+		n += s.takeFree(cap(s.ch) - n)
+	}
+	return n
+}
+
+// takeFree takes up to max slots that are free now, without waiting.
+func (s *queueSlots) takeFree(max int) int {
+	n := 0
+	for n < max {
+		select {
+		case s.ch <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+// free gives n slots back.
+func (s *queueSlots) free(n int) {
+	for range n {
+		<-s.ch
+	}
+}
+
+func (s *queueSlots) close() { s.timer.Stop() }
 
 // approach shortens a wait for the next due time, so that the claim at that time
 // does not pay for waking an idle machine. On a 2-core virtual machine a Redis round
