@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
@@ -58,6 +59,7 @@ func (w *Worker) recordBatch(batch []*run) {
 	}
 	// One statement is its own transaction: one round trip.
 	applied, err := w.store.MarkDoneMany(ctx, w.pool, done)
+	acks := make([]ackItem, 0, len(batch))
 	for i, r := range batch {
 		switch {
 		case err != nil:
@@ -74,8 +76,11 @@ func (w *Worker) recordBatch(batch []*run) {
 			})
 		default:
 			w.stats.succeeded.Add(1)
-			w.acks <- ackItem{r: r}
+			acks = append(acks, ackItem{r: r})
 		}
+	}
+	if len(acks) > 0 {
+		w.acks <- acks // the whole batch in one hand-off: acked together
 	}
 }
 
@@ -100,7 +105,7 @@ func (r *run) handOffPlain() outcome {
 // Redis and ends the run (outPending).
 func (r *run) handOff() outcome {
 	r.w.stats.succeeded.Add(1)
-	r.w.acks <- ackItem{r: r}
+	r.w.acks <- []ackItem{{r: r}}
 	return outPending
 }
 
@@ -112,12 +117,14 @@ type ackItem struct {
 	done chan error
 }
 
-// ackBatch completes a batch in Redis, one call per queue, and ends the runs
+// ackBatch completes the runs of batches (each a recorded batch, or one run) in
+// Redis, one call per queue, and ends the runs
 // handed off or answers those waiting: nil, an ErrLeaseLost error, or the call's
 // error.
-func (w *Worker) ackBatch(batch []ackItem) {
+func (w *Worker) ackBatch(batches [][]ackItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
+	batch := slices.Concat(batches...)
 	byQueue := make(map[string][]ackItem, 1)
 	for _, a := range batch {
 		a.r.hbOff()
@@ -167,6 +174,6 @@ func leaseLost(t *Task) error {
 // the result.
 func (r *run) acknowledge() error {
 	a := ackItem{r: r, done: make(chan error, 1)}
-	r.w.acks <- a   // the acknowledger takes it within OpTimeout
-	return <-a.done // answered within OpTimeout
+	r.w.acks <- []ackItem{a} // the acknowledger takes it within OpTimeout
+	return <-a.done          // answered within OpTimeout
 }

@@ -80,7 +80,7 @@ type Worker struct {
 	// While Run runs, completions feeds the batch recorder of plain runs and acks
 	// the batch acknowledger of successful runs in Redis (completer.go).
 	completions chan *run
-	acks        chan ackItem
+	acks        chan []ackItem
 	aside       sync.WaitGroup // the recorder's runs settled aside (settleAside)
 	// beats renews the leases of the runs in flight while Run runs.
 	beats *heartbeats
@@ -324,7 +324,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // heartbeats (heartbeat.go), and returns the function that stops them, once no
 // run is left.
 func (w *Worker) startStages() (stop func()) {
-	w.completions, w.acks = make(chan *run), make(chan ackItem)
+	w.completions, w.acks = make(chan *run), make(chan []ackItem)
 	w.beats = newHeartbeats(w)
 	recorded, acked, beaten := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	bctx, stopBeats := context.WithCancel(context.Background())
