@@ -79,6 +79,8 @@ type Worker struct {
 	hooks hooks
 	// While Run runs, completions feeds the batch recorder of plain runs and acks
 	// the batch acknowledger of successful runs in Redis (completer.go).
+	// completions is buffered (maxBatch): a plain run's goroutine hands its run
+	// over and returns to the pool without waiting for a batch being written.
 	completions chan *run
 	acks        chan []ackItem
 	aside       sync.WaitGroup // the recorder's runs settled aside (settleAside)
@@ -324,7 +326,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // heartbeats (heartbeat.go), and returns the function that stops them, once no
 // run is left.
 func (w *Worker) startStages() (stop func()) {
-	w.completions, w.acks = make(chan *run), make(chan []ackItem)
+	w.completions, w.acks = make(chan *run, maxBatch), make(chan []ackItem)
 	w.beats = newHeartbeats(w)
 	recorded, acked, beaten := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	bctx, stopBeats := context.WithCancel(context.Background())
