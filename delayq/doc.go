@@ -37,8 +37,8 @@
 // Reap does not kill a task out of runs: it revokes the lease and reports the task,
 // which its caller (the relay) makes dead in Postgres first, then here (RepairIf).
 //
-// Each claim gives the task a fresh lease token. Extend, Complete (CompleteMany
-// for a batch, one script call), Retry, Kill and Release need it; a stale token (the lease was reaped, the task rescheduled or
+// Each claim gives the task a fresh lease token. Extend (ExtendMany for a batch,
+// one script call), Complete (CompleteMany for a batch, one script call), Retry, Kill and Release need it; a stale token (the lease was reaped, the task rescheduled or
 // removed) gets ErrLeaseLost and changes nothing. Claim also counts the run
 // (Attempt).
 //

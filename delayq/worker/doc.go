@@ -88,13 +88,17 @@
 // Finished runs are settled in batches without a timer: the completions of plain
 // runs go to Postgres in one guarded UPDATE and one commit for all that finished
 // while the previous batch was written, and successful runs of both kinds are
-// acknowledged in Redis with one script call per queue (delayq CompleteMany).
+// acknowledged in Redis with one script call per queue (delayq CompleteMany). A
+// successful run is handed to these stages, which end it: its goroutine returns
+// to the pool at once, without waiting for the commit or the acknowledgement.
 //
 // # Leases and heartbeats
 //
 // A claim leases the task for Config.Lease (default 5s). While the handler runs,
 // the worker renews the lease every Config.HeartbeatInterval (default a third of
-// the lease). When a renewal is refused (the lease expired and was reaped, the task
+// the lease): one heartbeat loop per worker renews all its leases of a queue with
+// one script call (delayq ExtendMany), each between half an interval and an
+// interval after its previous renewal. When a renewal is refused (the lease expired and was reaped, the task
 // was rescheduled or removed) or cannot be made before the lease runs out, the
 // handler's context is cancelled with cause ErrLeaseLost (see context.Cause). A
 // worker that dies holds its tasks until their lease expires and the reaper (run by
@@ -135,7 +139,11 @@
 //
 // Each queue claims as many tasks as it has free handler slots
 // (QueueConfig.Concurrency) in one script call, again as soon as a slot frees while
-// tasks are due. When none is due, it sleeps until the next one falls due by the
+// tasks are due. While a queue has a backlog (its last claim left tasks due), a
+// claim waits up to 1 ms for a quarter of its slots to come free, so that handlers
+// ending one by one do not turn the backlog into a claim per task; a due task
+// waits at most that long, and only behind older due tasks. (Queues of a
+// PriorityGroup claim for the group's free slots without this wait.) When none is due, it sleeps until the next one falls due by the
 // Redis clock, or until an earlier one is enqueued (delayq.Waiter): there is no
 // polling interval. A long sleep ends a little early (50, then 10, then 2 ms before
 // the due time) with a claim that finds nothing due yet, so that the claim at the
