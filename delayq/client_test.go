@@ -238,18 +238,7 @@ func TestCompleteMany(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	ctx := ctxT(t)
-	now := redisNow(t, b.rdb)
-	tasks := make([]Task, 1003)
-	for i := range tasks {
-		tasks[i] = Task{ID: fmt.Sprintf("m-%04d", i), RunAt: now.Add(-time.Second)}
-	}
-	b.enqueue(t, tasks...)
-	var leases []Lease
-	for len(leases) < len(tasks) {
-		for _, ct := range b.claim(t, 1000, time.Minute).Tasks {
-			leases = append(leases, Lease{ID: ct.ID, Token: ct.Token})
-		}
-	}
+	leases := b.leases(t, "m", 1003)
 	if err := b.c.Complete(ctx, "q", leases[5].ID, leases[5].Token); err != nil {
 		t.Fatal(err)
 	}
@@ -277,6 +266,25 @@ func TestCompleteMany(t *testing.T) {
 	if ti := b.info(t, leases[1002].ID); ti.State != StateMissing {
 		t.Errorf("last task (second call): %+v, want deleted (no done retention by default)", ti)
 	}
+}
+
+// leases enqueues n tasks due now (ids prefix-0000...) and claims them all for a
+// minute, in id order.
+func (b *testBundle) leases(t *testing.T, prefix string, n int) []Lease {
+	t.Helper()
+	now := redisNow(t, b.rdb)
+	tasks := make([]Task, n)
+	for i := range tasks {
+		tasks[i] = Task{ID: fmt.Sprintf("%s-%04d", prefix, i), RunAt: now.Add(-time.Second)}
+	}
+	b.enqueue(t, tasks...)
+	var leases []Lease
+	for len(leases) < n {
+		for _, ct := range b.claim(t, 1000, time.Minute).Tasks {
+			leases = append(leases, Lease{ID: ct.ID, Token: ct.Token})
+		}
+	}
+	return leases
 }
 
 // A malformed lease anywhere in the batch is refused before anything is written.
@@ -308,17 +316,7 @@ func TestExtendMany(t *testing.T) {
 	b := setup(t, Config{})
 	ctx := ctxT(t)
 	now := redisNow(t, b.rdb)
-	tasks := make([]Task, 1003)
-	for i := range tasks {
-		tasks[i] = Task{ID: fmt.Sprintf("x-%04d", i), RunAt: now.Add(-time.Second)}
-	}
-	b.enqueue(t, tasks...)
-	var leases []Lease
-	for len(leases) < len(tasks) {
-		for _, ct := range b.claim(t, 1000, time.Minute).Tasks {
-			leases = append(leases, Lease{ID: ct.ID, Token: ct.Token})
-		}
-	}
+	leases := b.leases(t, "x", 1003)
 	// Refused: a completed task, a stale token, a task removed, a task released
 	// and claimed again (another token); the first and the last call's are renewed.
 	if err := b.c.Complete(ctx, "q", leases[5].ID, leases[5].Token); err != nil {
