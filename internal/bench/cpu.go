@@ -15,23 +15,26 @@ import (
 // children and those it reaped) and by Redis (INFO cpu). A part that cannot be
 // read (Postgres on another machine, say) is negative. redisCmds counts the
 // script calls Redis answered (EVAL and EVALSHA; the commands a script runs are
-// not counted).
+// not counted). kernel is the part of the three spent in the kernel (their system
+// time), negative when a part cannot be read.
 type cpuTimes struct {
-	self, postgres, redis time.Duration
-	redisCmds             int64
+	self, postgres, redis, kernel time.Duration
+	redisCmds                     int64
 }
 
 // cpu reads the CPU times now; the difference of two readings, divided by the
 // tasks run between them, is a phase's CPU per task, split by process: steadier
 // than a rate on a loaded machine.
 func (s *session) cpu(ctx context.Context) cpuTimes {
-	c := cpuTimes{self: -1, postgres: -1, redis: -1, redisCmds: -1}
+	c := cpuTimes{self: -1, postgres: -1, redis: -1, kernel: -1, redisCmds: -1}
+	var selfSys, redisSys, pgSys time.Duration
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		c.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		selfSys = time.Duration(ru.Stime.Nano())
 	}
 	if info, err := s.rdb.Info(ctx, "cpu", "commandstats").Result(); err == nil {
-		var sum float64
+		var sum, sys float64
 		n := 0
 		for _, line := range strings.Split(info, "\r\n") {
 			for _, k := range []string{"cmdstat_eval:calls=", "cmdstat_evalsha:calls="} {
@@ -47,37 +50,45 @@ func (s *session) cpu(ctx context.Context) cpuTimes {
 					if f, err := strconv.ParseFloat(v, 64); err == nil {
 						sum += f
 						n++
+						if k == "used_cpu_sys:" {
+							sys = f
+						}
 					}
 				}
 			}
 		}
 		if n == 2 {
 			c.redis = time.Duration(sum * float64(time.Second))
+			redisSys = time.Duration(sys * float64(time.Second))
 		}
 	}
 	var dir string
 	if s.pool.QueryRow(ctx, "SELECT current_setting('data_directory')").Scan(&dir) == nil {
-		c.postgres = postmasterCPU(dir)
+		c.postgres, pgSys = postmasterCPU(dir)
+	}
+	if c.self >= 0 && c.redis >= 0 && c.postgres >= 0 {
+		c.kernel = selfSys + redisSys + pgSys
 	}
 	return c
 }
 
 // postmasterCPU is the CPU time of the postmaster whose data directory is dir,
 // with its children's (live ones from /proc, reaped ones as its cutime/cstime);
-// -1 when it cannot be read (not Linux, not our user, another machine).
-func postmasterCPU(dir string) time.Duration {
+// and the system part of it; -1 when it cannot be read (not Linux, not our user,
+// another machine).
+func postmasterCPU(dir string) (total, sys time.Duration) {
 	b, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
 	if err != nil {
-		return -1
+		return -1, -1
 	}
 	pid, _, _ := strings.Cut(string(b), "\n")
-	own, ok := procCPU(pid, true)
+	own, sys, ok := procCPU(pid, true)
 	if !ok {
-		return -1
+		return -1, -1
 	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return -1
+		return -1, -1
 	}
 	for _, e := range entries {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
@@ -88,36 +99,42 @@ func postmasterCPU(dir string) time.Duration {
 			continue
 		}
 		if f := statFields(string(st)); len(f) > 14 && f[1] == pid {
-			t, _ := procCPU(e.Name(), false)
+			t, ts, _ := procCPU(e.Name(), false)
 			own += t
+			sys += ts
 		}
 	}
-	return own
+	return own, sys
 }
 
-// procCPU is utime+stime of a process (with cutime+cstime when reaped).
-func procCPU(pid string, reaped bool) (time.Duration, bool) {
+// procCPU is utime+stime of a process (with cutime+cstime when reaped), and the
+// system part: stime (+cstime).
+func procCPU(pid string, reaped bool) (total, sys time.Duration, ok bool) {
 	st, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	f := statFields(string(st))
 	if len(f) < 15 {
-		return 0, false
+		return 0, 0, false
 	}
 	last := 12
 	if reaped {
 		last = 14
 	}
-	var ticks int64
+	var ticks, sysTicks int64
 	for i := 11; i <= last; i++ {
 		v, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
-			return 0, false
+			return 0, 0, false
 		}
 		ticks += v
+		if i == 12 || i == 14 { // stime, cstime
+			sysTicks += v
+		}
 	}
-	return time.Duration(ticks) * (time.Second / 100), true // USER_HZ is 100 on Linux
+	const tick = time.Second / 100 // USER_HZ is 100 on Linux
+	return time.Duration(ticks) * tick, time.Duration(sysTicks) * tick, true
 }
 
 // statFields splits /proc/PID/stat after the command name (which may hold
@@ -136,7 +153,10 @@ func (r *Result) addCPU(prefix string, before, after cpuTimes, tasks int) {
 	for _, p := range []struct {
 		name string
 		b, a time.Duration
-	}{{"go", before.self, after.self}, {"postgres", before.postgres, after.postgres}, {"redis", before.redis, after.redis}} {
+	}{
+		{"go", before.self, after.self}, {"postgres", before.postgres, after.postgres}, {"redis", before.redis, after.redis},
+		{"kernel", before.kernel, after.kernel}, // the system time of the three, included in them
+	} {
 		if p.b >= 0 && p.a >= 0 && tasks > 0 {
 			// max: a Postgres child that exited between the readings and was not
 			// reaped yet is in neither; rare, and never below zero.
