@@ -127,7 +127,7 @@ func (w *Worker) ackBatch(batches [][]ackItem) {
 	batch := slices.Concat(batches...)
 	byQueue := make(map[string][]ackItem, 1)
 	for _, a := range batch {
-		a.r.hbOff()
+		a.r.hbOff() // a renewal from now on is refused anyway: the ack revokes the token
 		if f := w.hooks.beforeAck; f != nil {
 			if err := f(a.r.t); err != nil {
 				w.acked(a, err)

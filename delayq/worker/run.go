@@ -265,14 +265,9 @@ func (r *run) ackFailed(err error) {
 	}
 }
 
-// ack tells Redis the task is done.
+// ack tells Redis the task is done, through the acknowledger (which stops the
+// heartbeats and runs the beforeAck hook first).
 func (r *run) ack(ctx context.Context) error {
-	r.hbOff()
-	if f := r.w.hooks.beforeAck; f != nil {
-		if err := f(r.t); err != nil {
-			return err
-		}
-	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("complete: %w", ctx.Err())
 	}
