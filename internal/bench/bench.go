@@ -98,8 +98,8 @@ func Workloads() []string {
 	}
 	order := map[string]int{"enqueue-tx": 0, "enqueue-tx-soon": 1, "enqueue-tx-soon-each": 2, "enqueue-batch": 3, "relay": 4,
 		"drain-tx": 5, "drain-tx-write": 6, "drain-tx-group": 7, "drain-tx-write-group": 8, "drain-plain": 9, "lateness": 10,
-		"memory": 11, "recovery": 12, "redis-loss": 13, "redis-loss-restart": 14, "redis-loss-failover": 15, "idle": 16,
-		"rate-limit": 17, "priority": 18, "bounds": 19, "prune": 20, "soak": 21}
+		"lateness-steady": 11, "memory": 12, "recovery": 13, "redis-loss": 14, "redis-loss-restart": 15, "redis-loss-failover": 16,
+		"idle": 17, "rate-limit": 18, "priority": 19, "bounds": 20, "prune": 21, "soak": 22}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

@@ -423,11 +423,18 @@ func (c *claimCounter) Claim(_ context.Context, e worker.ClaimEvent) {
 func (*claimCounter) RunStart(ctx context.Context, _ *worker.Task) context.Context { return ctx }
 func (*claimCounter) RunEnd(context.Context, *worker.Task, worker.RunEndEvent)     {}
 
-// lateness: tasks due 5 s after the workers start, spread evenly over 1 s, going
-// the whole way (outbox, relay, Redis, worker); handler start − due time.
-func lateness(ctx context.Context, s *session, r *Result) error {
-	n := s.n(2_000)
-	r.Params["tasks"], r.Params["spread"] = n, "1s"
+// lateness: tasks due 5 s after the workers start, spread evenly over spread,
+// going the whole way (outbox, relay, Redis, worker); handler start − due time.
+// lateness(2,000, 1 s) is a burst; lateness(25,000, 5 s) drains 5,000 tasks a
+// second steadily for 5 s.
+func lateness(tasks int, spread time.Duration) func(context.Context, *session, *Result) error {
+	return func(ctx context.Context, s *session, r *Result) error {
+		return latenessRun(ctx, s, r, s.n(tasks), spread)
+	}
+}
+
+func latenessRun(ctx context.Context, s *session, r *Result, n int, spread time.Duration) error {
+	r.Params["tasks"], r.Params["spread"] = n, spread.String()
 	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
 	if err != nil {
 		return err
@@ -448,7 +455,7 @@ func lateness(ctx context.Context, s *session, r *Result) error {
 	stopWorker := s.background(ctx, w.Run)
 	defer stopWorker()
 	first := time.Now().Add(5 * time.Second)
-	step := time.Second / time.Duration(n)
+	step := spread / time.Duration(n)
 	tasks := make([]outbox.Task, n)
 	for i := range tasks {
 		tasks[i] = outbox.Task{Queue: "bench", ID: fmt.Sprintf("late-%d", i), Payload: payload20,
