@@ -32,6 +32,10 @@ type Soak struct {
 	Retention         time.Duration // relay.Config.Retention
 	RetentionInterval time.Duration // relay.Config.RetentionInterval
 	RetentionBatch    int           // relay.Config.RetentionBatch
+	// GroupCommit, when above 0, commits up to that many runs a transaction
+	// (worker.GroupCommit.MaxTasks, with 256 slots as drain-tx-write-group);
+	// 0 commits each run alone with 32 slots.
+	GroupCommit int
 	// Samples, when set, receives each sample as a JSON line.
 	Samples io.Writer
 }
@@ -98,7 +102,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 	producers := max(8, rate/125)
 	r.Params["duration"], r.Params["rate"], r.Params["sample_every"] = duration.String(), rate, interval.String()
 	r.Params["retention"], r.Params["retention_interval"], r.Params["retention_batch"] = retention.String(), retentionEvery.String(), batch
-	r.Params["producers"] = producers
+	r.Params["producers"], r.Params["group_commit"] = producers, cfg.GroupCommit
 
 	if _, err := s.pool.Exec(ctx, `CREATE TABLE soak_effects (task_id text NOT NULL, attempt int NOT NULL)`); err != nil {
 		return err
@@ -138,7 +142,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO soak_effects (task_id, attempt) VALUES ($1, $2)`, t.ID, t.Attempt)
 		return err
-	}, worker.QueueConfig{Concurrency: 32, Backoff: worker.Backoff{Base: 100 * time.Millisecond, Max: time.Second}})
+	}, soakQueueConfig(cfg.GroupCommit))
 	if err != nil {
 		return err
 	}
@@ -338,4 +342,14 @@ func failsOnce(id string) bool {
 	h := fnv.New32a()
 	h.Write([]byte(id))
 	return h.Sum32()%20 == 0
+}
+
+// soakQueueConfig is the soak queue's: its retry backoff, and 32 slots committing
+// each run alone, or 256 slots committing up to group runs a transaction.
+func soakQueueConfig(group int) worker.QueueConfig {
+	qc := worker.QueueConfig{Concurrency: 32, Backoff: worker.Backoff{Base: 100 * time.Millisecond, Max: time.Second}}
+	if group > 0 {
+		qc.Concurrency, qc.GroupCommit = 256, worker.GroupCommit{MaxTasks: group}
+	}
+	return qc
 }

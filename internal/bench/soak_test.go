@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,9 +56,18 @@ func TestOverlapped(t *testing.T) {
 // (timed by the worker pool's tracer).
 func TestSoakSamples(t *testing.T) {
 	t.Parallel()
+	for _, group := range []int{0, 8} { // a commit a run; up to 8 runs a commit
+		t.Run(fmt.Sprintf("group-commit-%d", group), func(t *testing.T) {
+			t.Parallel()
+			testSoakSamples(t, group)
+		})
+	}
+}
+
+func testSoakSamples(t *testing.T, group int) {
 	var out bytes.Buffer
 	env := Env{DatabaseURL: testenv.PostgresURL(t), RedisURL: testenv.OwnRedis(t).URL(), Soak: Soak{
-		Rate: 100, Duration: 4 * time.Second, SampleEvery: time.Second,
+		Rate: 100, Duration: 4 * time.Second, SampleEvery: time.Second, GroupCommit: group,
 		Retention: time.Second, RetentionInterval: 500 * time.Millisecond, RetentionBatch: 10, Samples: &out}}
 	res, err := Run(context.Background(), env, "soak")
 	if err != nil {
