@@ -20,8 +20,14 @@ type RateLimit = validate.RateLimit
 type Controls struct {
 	// Paused: no worker claims from the queue.
 	Paused bool
-	// Rate limits the queue's starts (zero value: no limit).
+	// Rate limits the queue's starts (zero value: no limit). A sharded queue's
+	// shards share it: each enforces Limit per Shards × Period.
 	Rate RateLimit
+	// Shards splits the queue's Redis keys into this many shards (1..MaxShards;
+	// 0 is 1), each in a Cluster slot of its own (ShardKeys): a queue too busy for
+	// one Redis master spreads over several. Each task keeps to its shard
+	// (ShardOf); claims take from every shard.
+	Shards int
 }
 
 // SetControls mirrors a queue's controls into Redis: while Paused, the claim

@@ -18,6 +18,10 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:h:<minute>     HASH  the queue's history of that minute (History)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
+// A queue of several shards (Controls.Shards) has these keys once a shard, shard
+// k > 0 under a hash tag of its own ("{payment#1.7}", see ShardKeys); Wake is the
+// queue's one channel.
+//
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"). One key
 // stands outside every queue:
 //
@@ -46,8 +50,8 @@ type Keys struct {
 	Wake string
 }
 
-// KeysFor builds the keys of queue under prefix, after validating both.
-// It is the only place that lays out key names.
+// KeysFor builds the keys of queue under prefix, after validating both: the keys
+// of its shard 0 (ShardKeys).
 func KeysFor(prefix, queue string) (Keys, error) {
 	if err := validate.Prefix(prefix); err != nil {
 		return Keys{}, err
@@ -55,7 +59,12 @@ func KeysFor(prefix, queue string) (Keys, error) {
 	if err := validate.Queue(queue); err != nil {
 		return Keys{}, err
 	}
-	base := prefix + ":{" + queue + "}:"
+	return layout(prefix, queue, prefix+":{"+queue+"}:wake"), nil
+}
+
+// layout lays out the keys of the hash tag tag, the only place that does.
+func layout(prefix, tag, wake string) Keys {
+	base := prefix + ":{" + tag + "}:"
 	return Keys{
 		Ready:      base + "ready",
 		Active:     base + "active",
@@ -64,8 +73,8 @@ func KeysFor(prefix, queue string) (Keys, error) {
 		TaskPrefix: base + "t:",
 		Control:    base + "ctl",
 		History:    base + "h:",
-		Wake:       base + "wake",
-	}, nil
+		Wake:       wake,
+	}
 }
 
 // registryKey is the set of queue names under prefix: the queues the reaper visits.
