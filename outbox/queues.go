@@ -9,7 +9,8 @@ import (
 )
 
 // QueueControl is a queue's controls as Postgres holds them: whether it is
-// paused, its rate limit, and the version Redis's mirror is keyed by.
+// paused, its rate limit, its shard count, and the version Redis's mirror is
+// keyed by.
 type QueueControl = taskstate.QueueControl
 
 // RateLimit caps a queue's starts across every worker: at most Limit per Period
@@ -50,8 +51,31 @@ func (c *Client) SetQueueRateLimit(ctx context.Context, q Querier, queue string,
 	return ctl, nil
 }
 
-// QueueControls reads the controls of every queue ever paused or limited, by
-// name.
+// SetQueueShards sets the number of shards queue's Redis keys are split into
+// (1..64, delayq.MaxShards; 1 is the default, unsharded layout) in Postgres, the
+// truth, and returns its controls. After the commit, mirror them with
+// delayq.Client.SetControls (Controls.Shards); the relay also mirrors them every
+// few seconds, so every running worker and relay picks the count up within
+// seconds.
+//
+// A task keeps to the shard of the count it was moved to Redis with, so the
+// count changes only while the queue is empty: with a pending, queued or dead
+// task of the queue it is ErrQueueNotEmpty and nothing is written (check Redis
+// too, delayq.Client.Stats: a task enqueued into Redis directly has no row). An
+// enqueue that commits while the call runs is not seen: stop the queue's
+// producers around a change to be safe. A bad count is ErrInvalidShards, and
+// nothing is written. Setting the count the queue has already succeeds and
+// changes nothing, not even the version, also on a queue with tasks.
+func (c *Client) SetQueueShards(ctx context.Context, q Querier, queue string, shards int) (QueueControl, error) {
+	ctl, err := c.store.SetShards(ctx, q, queue, shards)
+	if err != nil {
+		return QueueControl{}, fmt.Errorf("outbox: shards: %w", err)
+	}
+	return ctl, nil
+}
+
+// QueueControls reads the controls of every queue ever paused, limited or
+// sharded, by name.
 func (c *Client) QueueControls(ctx context.Context, q Querier) ([]QueueControl, error) {
 	out, err := c.store.QueueControls(ctx, q)
 	if err != nil {
