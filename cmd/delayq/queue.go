@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -23,7 +24,8 @@ Actions:
   pause QUEUE         stop every worker claiming from QUEUE, from its next claim on
   resume QUEUE        let workers claim from QUEUE again (sleeping workers wake at once)
   limit QUEUE RATE    cap QUEUE's starts across all workers: N/PERIOD, or none
-  list                every queue ever paused or limited, in Postgres and in Redis
+  shards QUEUE N      split QUEUE's Redis keys into N shards (1..64); only while it is empty
+  list                every queue ever paused, limited or sharded, in Postgres and in Redis
 
 Examples:
   delayq queue pause payment
@@ -31,6 +33,7 @@ Examples:
   delayq queue limit payment 100/s
   delayq queue limit mail 6000/1m --burst 50
   delayq queue limit payment none
+  delayq queue shards payment 8
   delayq queue list --json
 
 A pause is written to PostgreSQL (the table delayq_queues, the truth) and then to
@@ -39,15 +42,16 @@ worker claims from the queue. Tasks keep their due times and run when the queue 
 resumed; enqueues and the relay go on. A rate limit is kept the same way; the
 claim script spaces the queue's starts PERIOD/N apart by the Redis clock (GCRA),
 letting up to --burst follow one another after an idle spell, whatever the number
-of workers. The relay mirrors the controls from PostgreSQL every few seconds, so
-a Redis that lost them gets them back.
+of workers. The shard count is kept the same way too. The relay mirrors the
+controls from PostgreSQL every few seconds, so a Redis that lost them gets them
+back.
 
 Run 'delayq queue <action> --help' for the flags of each.
 `
 
 func runQueue(ctx context.Context, m *Main, args []string) error {
 	if len(args) == 0 {
-		return usagef("want an action: pause, resume, limit or list (see --help)")
+		return usagef("want an action: pause, resume, limit, shards or list (see --help)")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -59,10 +63,12 @@ func runQueue(ctx context.Context, m *Main, args []string) error {
 		return runQueueSet(ctx, m, "resume", false, args[1:])
 	case "limit":
 		return runQueueLimit(ctx, m, args[1:])
+	case "shards":
+		return runQueueShards(ctx, m, args[1:])
 	case "list":
 		return runQueueList(ctx, m, args[1:])
 	}
-	return usagef("unknown action %q: want pause, resume, limit or list", args[0])
+	return usagef("unknown action %q: want pause, resume, limit, shards or list", args[0])
 }
 
 func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args []string) error {
@@ -81,7 +87,7 @@ func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args 
 	if !paused {
 		state = "resumed"
 	}
-	return setControls(ctx, m, &conn, queue, action, func(ob *outbox.Client, pool *pgxpool.Pool) (outbox.QueueControl, error) {
+	return setControls(ctx, m, &conn, queue, action, func(ob *outbox.Client, pool *pgxpool.Pool, _ *delayq.Client) (outbox.QueueControl, error) {
 		if paused {
 			return ob.PauseQueue(ctx, pool, queue)
 		}
@@ -113,9 +119,80 @@ func runQueueLimit(ctx context.Context, m *Main, args []string) error {
 	if err := rate.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	return setControls(ctx, m, &conn, queue, "limit", func(ob *outbox.Client, pool *pgxpool.Pool) (outbox.QueueControl, error) {
+	return setControls(ctx, m, &conn, queue, "limit", func(ob *outbox.Client, pool *pgxpool.Pool, _ *delayq.Client) (outbox.QueueControl, error) {
 		return ob.SetQueueRateLimit(ctx, pool, queue, rate)
 	}, queue+" rate limit "+rate.String())
+}
+
+const queueShardsHelp = `  delayq queue shards payment 8
+  delayq queue shards payment 1
+
+N (1..64) is the number of shards QUEUE's Redis keys are split into, each in a
+Redis Cluster slot of its own (so on other masters): a queue too busy for one
+master spreads over several. Each task keeps to the shard its id hashes to, so
+change it only while the queue is empty (no pending, queued or dead tasks, in
+PostgreSQL or in Redis) and, safest, with the queue's producers stopped: the
+command refuses, and writes nothing, while either store holds a task of the
+queue. The count is written to PostgreSQL (delayq_queues, the truth) and then
+to Redis; every running worker and relay picks it up within seconds. Setting
+the count the queue has already changes nothing.
+`
+
+func runQueueShards(ctx context.Context, m *Main, args []string) error {
+	var conn connFlags
+	fs := newFlagSet(m, "queue shards", "queue shards [flags] QUEUE N", queueShardsHelp)
+	conn.register(fs, m, true, true)
+	if err := parseArgs(fs, args, 2); err != nil {
+		return err
+	}
+	queue := fs.Arg(0)
+	if err := validate.Queue(queue); err != nil {
+		return usagef("%v", err)
+	}
+	n, err := strconv.Atoi(fs.Arg(1))
+	if err != nil {
+		return usagef("%v: %q is not a number: 1..%d", validate.ErrInvalidShards, fs.Arg(1), validate.MaxShards)
+	}
+	if err := validate.Shards(n); err != nil {
+		return usagef("%v", err)
+	}
+	return setControls(ctx, m, &conn, queue, "shards", func(ob *outbox.Client, pool *pgxpool.Pool, dq *delayq.Client) (outbox.QueueControl, error) {
+		return setQueueShards(ctx, ob, pool, dq, queue, n)
+	}, fmt.Sprintf("%s shards %d", queue, n))
+}
+
+// setQueueShards checks that Redis holds no task of queue, then sets its shard
+// count in Postgres, which refuses as long as a row of the queue is pending,
+// queued or dead. The count the queue has already is set again without a check
+// (a no-op that lets the mirror be repaired).
+func setQueueShards(ctx context.Context, ob *outbox.Client, pool *pgxpool.Pool, dq *delayq.Client, queue string, n int) (outbox.QueueControl, error) {
+	ctls, err := ob.QueueControls(ctx, pool)
+	if err != nil {
+		return outbox.QueueControl{}, err
+	}
+	current := 1
+	for _, c := range ctls {
+		if c.Queue == queue {
+			current = c.Shards
+		}
+	}
+	if current != n {
+		st, err := dq.Stats(ctx, queue)
+		if err != nil {
+			return outbox.QueueControl{}, err
+		}
+		if held := st.Ready + st.Active + st.Dead; held > 0 {
+			return outbox.QueueControl{}, fmt.Errorf("%s is not empty: Redis holds %d of its tasks (%d ready, %d active, %d dead); "+
+				"change the shard count only while the queue is empty (nothing written, still %d)",
+				queue, held, st.Ready, st.Active, st.Dead, current)
+		}
+	}
+	c, err := ob.SetQueueShards(ctx, pool, queue, n)
+	if errors.Is(err, outbox.ErrQueueNotEmpty) {
+		return outbox.QueueControl{}, fmt.Errorf("%s is not empty: PostgreSQL holds pending, queued or dead tasks of it; "+
+			"change the shard count only while the queue is empty (nothing written, still %d)", queue, current)
+	}
+	return c, err
 }
 
 // parseRate reads N/PERIOD ("100/s", "6000/1m", "5/250ms"), or none (or 0).
@@ -151,7 +228,7 @@ func parseRate(s string) (validate.RateLimit, error) {
 // setControls changes a queue's controls in Postgres first (the truth), then
 // mirrors them into Redis, keyed by their version.
 func setControls(ctx context.Context, m *Main, conn *connFlags, queue, action string,
-	write func(*outbox.Client, *pgxpool.Pool) (outbox.QueueControl, error), done string) error {
+	write func(*outbox.Client, *pgxpool.Pool, *delayq.Client) (outbox.QueueControl, error), done string) error {
 	pool, dq, closeAll, err := openStores(ctx, conn, reconcile.Options{Schema: conn.schema}, true)
 	if err != nil {
 		return err
@@ -161,11 +238,11 @@ func setControls(ctx context.Context, m *Main, conn *connFlags, queue, action st
 	if err != nil {
 		return usagef("%v", err)
 	}
-	c, err := write(ob, pool)
+	c, err := write(ob, pool, dq)
 	if err != nil {
 		return err
 	}
-	if _, err := dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate}); err != nil {
+	if _, err := dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}); err != nil {
 		return fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", action, err)
 	}
 	fmt.Fprintln(m.Stdout, done)
@@ -181,6 +258,8 @@ type queueRow struct {
 	RateLimit      string `json:"rate_limit,omitempty"`
 	RateBurst      int    `json:"rate_burst,omitempty"`
 	RedisRateLimit string `json:"redis_rate_limit,omitempty"`
+	Shards         int    `json:"shards"`
+	RedisShards    int    `json:"redis_shards"`
 	Version        int64  `json:"version"`
 	RedisVersion   int64  `json:"redis_version"`
 	UpdatedAt      string `json:"updated_at"`
@@ -198,7 +277,7 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags
 	fs := newFlagSet(m, "queue list", "queue list [flags]",
 		"  delayq queue list\n  delayq queue list --json\n\n"+
-			"PAUSED and LIMIT are PostgreSQL's (the truth), REDIS what the claim script sees.\n")
+			"PAUSED, LIMIT and SHARDS are PostgreSQL's (the truth), REDIS what the claim script sees.\n")
 	conn.register(fs, m, true, true)
 	asJSON := fs.Bool("json", false, "print the list as JSON")
 	if err := parseArgs(fs, args, 0); err != nil {
@@ -225,6 +304,7 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		}
 		row := queueRow{Queue: c.Queue, Paused: c.Paused, RedisPaused: rc.Paused, Version: c.Version, RedisVersion: rv,
 			RateLimit: rateText(c.Rate), RedisRateLimit: rateText(rc.Rate),
+			Shards: c.Shards, RedisShards: max(1, rc.Shards),
 			UpdatedAt: c.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z")}
 		if c.Rate.Limit > 0 {
 			row.RateBurst = c.Rate.Burst
@@ -235,11 +315,11 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		return writeJSON(m.Stdout, rows)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(m.Stdout, "no queue was ever paused or limited")
+		fmt.Fprintln(m.Stdout, "no queue was ever paused, limited or sharded")
 		return nil
 	}
 	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPAUSED\tLIMIT\tBURST\tREDIS\tVERSION\tUPDATED")
+	fmt.Fprintln(tw, "QUEUE\tPAUSED\tLIMIT\tBURST\tSHARDS\tREDIS\tVERSION\tUPDATED")
 	yes := func(b bool) string {
 		if b {
 			return "yes"
@@ -251,13 +331,13 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		// REDIS: what the claim script sees, "same" when it is Postgres's version.
 		redis := "same"
 		if r.RedisVersion != r.Version {
-			redis = fmt.Sprintf("v%d paused %s limit %s", r.RedisVersion, yes(r.RedisPaused), orNone(r.RedisRateLimit))
+			redis = fmt.Sprintf("v%d paused %s limit %s shards %d", r.RedisVersion, yes(r.RedisPaused), orNone(r.RedisRateLimit), r.RedisShards)
 		}
 		burst := "-"
 		if r.RateBurst > 0 {
 			burst = fmt.Sprint(r.RateBurst)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Queue, yes(r.Paused), orNone(r.RateLimit), burst, redis, r.Version, r.UpdatedAt)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Queue, yes(r.Paused), orNone(r.RateLimit), burst, r.Shards, redis, r.Version, r.UpdatedAt)
 	}
 	return tw.Flush()
 }

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -154,4 +157,97 @@ func TestQueueCommandUsage(t *testing.T) {
 	b.run(t, "queue", "limit", "--prefix", b.prefix, "q", "10/s", "--burst", "4").want(t, 0, "q rate limit 10/1s burst 4")
 	b.run(t, "queue", "list", "--prefix", b.prefix).want(t, 0, "10/1s", "same")
 	b.run(t, "queue", "limit", "--prefix", b.prefix, "q", "none").want(t, 0, "q rate limit none")
+}
+
+// TestQueueShardsCommand sets a queue's shard count with `delayq queue shards`:
+// bad input is a usage error; an empty queue takes the count (in PostgreSQL, with
+// a new version, and mirrored); a queue with a pending row, or a task in Redis, is
+// refused and nothing is written; the count it has already is a no-op.
+func TestQueueShardsCommand(t *testing.T) {
+	t.Parallel()
+	b := newCLIBundle(t)
+	ctx := t.Context()
+	shards := func(queue string) (n int, version int64) {
+		t.Helper()
+		err := b.pool.QueryRow(ctx, `SELECT shards, version FROM delayq_queues WHERE queue = $1`, queue).Scan(&n, &version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n, version
+	}
+	pre := func(args ...string) []string { return append([]string{"queue", "shards", "--prefix", b.prefix}, args...) }
+
+	b.run(t, "queue", "--help").want(t, 0, "shards QUEUE N")
+	b.run(t, "queue", "shards", "--help").want(t, 0, "delayq queue shards", "only while the queue is empty",
+		"no pending, queued or dead tasks", "producers stopped", "within seconds")
+	for _, bad := range [][]string{{}, {"q"}, {"q", "many"}, {"q", "0"}, {"q", "-2"}, {"q", "65"}, {"a b", "2"}, {"q", "2", "3"}} {
+		r := b.run(t, pre(bad...)...)
+		r.want(t, exitUsage)
+		if len(bad) == 2 && bad[0] == "q" && bad[1] != "-2" { // -2 is taken for a flag
+			r.oneLineErr(t, "invalid shard count")
+		}
+	}
+	if n, _ := shards("q"); n != 0 {
+		t.Fatalf("a usage error wrote %d shards", n)
+	}
+
+	// Empty: set, mirrored with the version PostgreSQL gave it.
+	b.run(t, pre("mail", "4")...).want(t, exitOK, "mail shards 4")
+	n, v := shards("mail")
+	if n != 4 || v != 1 {
+		t.Fatalf("mail: %d shards, version %d; want 4, 1", n, v)
+	}
+	if _, rv, err := b.dq.Controls(ctx, "mail"); err != nil || rv != v {
+		t.Fatalf("Redis holds version %d (%v), want %d", rv, err, v)
+	}
+	b.run(t, "queue", "pause", "--prefix", b.prefix, "mail").want(t, exitOK, "mail paused")
+	if n, _ := shards("mail"); n != 4 {
+		t.Fatalf("a pause changed the count to %d", n)
+	}
+	b.run(t, "queue", "list", "--prefix", b.prefix).want(t, exitOK, "SHARDS", "mail", "same")
+	r := b.run(t, "queue", "list", "--prefix", b.prefix, "--json")
+	r.want(t, exitOK)
+	var rows []queueRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || len(rows) != 1 || rows[0].Shards != 4 || !rows[0].Paused {
+		t.Fatalf("list --json: %+v, %v\n%s", rows, err, r.stdout)
+	}
+
+	// A pending row: refused, nothing written in either store; the same count is
+	// still a success.
+	b.run(t, "enqueue", "--queue", "mail", "--id", "m-1", "--delay", "1h").want(t, exitOK, "enqueued mail/m-1")
+	_, v = shards("mail")
+	r = b.run(t, pre("mail", "8")...)
+	r.want(t, exitFailure)
+	r.oneLineErr(t, "mail is not empty: PostgreSQL holds pending, queued or dead tasks")
+	if n, v2 := shards("mail"); n != 4 || v2 != v {
+		t.Fatalf("a refused change wrote: %d shards, version %d; want 4, %d", n, v2, v)
+	}
+	if _, rv, _ := b.dq.Controls(ctx, "mail"); rv != v {
+		t.Fatalf("a refused change reached Redis: version %d, want %d", rv, v)
+	}
+	b.run(t, pre("mail", "4")...).want(t, exitOK, "mail shards 4")
+	if n, v2 := shards("mail"); n != 4 || v2 != v {
+		t.Fatalf("the same count changed the row: %d shards, version %d; want 4, %d", n, v2, v)
+	}
+
+	// A task in Redis only (enqueued there directly: no row): refused too.
+	if _, err := b.dq.Enqueue(ctx, "direct", delayq.Task{ID: "d-1", RunAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	r = b.run(t, pre("direct", "2")...)
+	r.want(t, exitFailure)
+	r.oneLineErr(t, "Redis holds 1 of its tasks (1 ready, 0 active, 0 dead)")
+	if n, _ := shards("direct"); n != 0 {
+		t.Fatalf("a refused change wrote %d shards", n)
+	}
+
+	// Once the task is done, the queue is empty: back to 1 shard.
+	b.exec(t, `UPDATE delayq_outbox SET state = 'done', done_at = now() WHERE queue = 'mail'`)
+	b.run(t, pre("mail", "1")...).want(t, exitOK, "mail shards 1")
+	if n, v2 := shards("mail"); n != 1 || v2 != v+1 {
+		t.Fatalf("mail: %d shards, version %d; want 1, %d", n, v2, v+1)
+	}
 }

@@ -263,7 +263,7 @@ func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request,
 			h.fail(w, p, http.StatusBadGateway, err)
 			return
 		}
-		if _, err := h.cfg.Redis.SetControls(ctx, q, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate}); err != nil {
+		if _, err := h.cfg.Redis.SetControls(ctx, q, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}); err != nil {
 			h.fail(w, p, http.StatusBadGateway, fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", ok, err))
 			return
 		}

@@ -10,12 +10,12 @@ import (
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
-// RestoreControls mirrors every queue's controls (pause, rate limit) from the
-// outbox's delayq_queues table into Redis, each keyed by its version, so it never
-// undoes a newer change. It returns how many Redis was behind on (restored; with
-// Options.DryRun, found and left). An outbox not migrated to 00004 has no
-// controls: 0, nil. The relay runs it every relay.ControlSyncInterval, Reconcile
-// once per run.
+// RestoreControls mirrors every queue's controls (pause, rate limit, shard count)
+// from the outbox's delayq_queues table into Redis, each keyed by its version, so
+// it never undoes a newer change. It returns how many Redis was behind on
+// (restored; with Options.DryRun, found and left). An outbox not migrated to
+// 00004 has no controls: 0, nil. The relay runs it every
+// relay.ControlSyncInterval, Reconcile once per run.
 func RestoreControls(ctx context.Context, db DB, dq *delayq.Client, opts Options) (int, error) {
 	o, _, err := opts.prepare()
 	if err != nil {
@@ -40,7 +40,7 @@ func RestoreControls(ctx context.Context, db DB, dq *delayq.Client, opts Options
 			}
 			continue
 		}
-		applied, err := dq.SetControls(ctx, c.Queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate})
+		applied, err := dq.SetControls(ctx, c.Queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards})
 		if err != nil {
 			return n, err
 		}
