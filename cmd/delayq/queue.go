@@ -128,7 +128,7 @@ const queueShardsHelp = `  delayq queue shards payment 8
   delayq queue shards payment 1
 
 N (1..64) is the number of shards QUEUE's Redis keys are split into, each in a
-Redis Cluster slot of its own (so on other masters): a queue too busy for one
+Redis Cluster slot of its own (spread over the masters): a queue too busy for one
 master spreads over several. Each task keeps to the shard its id hashes to, so
 change it only while the queue is empty (no pending, queued or dead tasks, in
 PostgreSQL or in Redis) and, safest, with the queue's producers stopped: the
