@@ -65,32 +65,49 @@ func adminScript(name string) (*redis.Script, error) {
 	return redis.NewScript(src), nil
 }
 
-// Probe reads up to 1000 tasks of queue in one atomic step, in the order of ids, with
-// the Redis clock at that moment.
+// Probe reads up to 1000 tasks of queue in one atomic step (one a shard, in one
+// round trip), in the order of ids, with the Redis clock at that moment (the
+// earliest of the shards' clocks).
 func (c *Client) Probe(ctx context.Context, queue string, ids ...string) (now time.Time, probes []Probe, err error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return time.Time{}, nil, err
 	}
 	if len(ids) == 0 || len(ids) > maxInspect {
 		return time.Time{}, nil, fmt.Errorf("%w: probe %d ids: 1..%d", ErrInvalidArgument, len(ids), maxInspect)
 	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
+	for _, id := range ids {
 		if err := validate.TaskID(id); err != nil {
 			return time.Time{}, nil, err
 		}
-		args[i] = id
 	}
 	s, err := adminScript("probe")
 	if err != nil {
 		return time.Time{}, nil, err
 	}
-	v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}, args...)
+	l, err := c.shardsOf(ctx, queue)
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	out := make([]Probe, len(ids))
+	err = c.perShard(ctx, s, l, ids,
+		func(k Keys) []string { return []string{k.Ready, k.Active, k.Dead, k.TaskPrefix} },
+		func(v any, ids []string, pos []int) error {
+			t, ps, err := parseProbe(v, ids)
+			if err != nil {
+				return err
+			}
+			if now.IsZero() || t.Before(now) {
+				now = t
+			}
+			for j, p := range pos {
+				out[p] = ps[j]
+			}
+			return nil
+		})
 	if err != nil {
 		return time.Time{}, nil, fmt.Errorf("delayq: probe %s: %w", queue, err)
 	}
-	return parseProbe(v, ids)
+	return now, out, nil
 }
 
 func parseProbe(v any, ids []string) (time.Time, []Probe, error) {
@@ -212,11 +229,11 @@ type Repair struct {
 
 // RepairIf applies repairs to tasks of queue, each only if its task is unchanged
 // since the probe that produced its fingerprint, and reports which were applied.
-// One script call runs up to 1000 repairs atomically; longer lists take several.
+// One script call runs up to 1000 repairs of one shard atomically; longer lists,
+// or repairs in several shards, take several.
 // Every repair is validated before anything is written.
 func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) ([]bool, error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
 	for i, r := range repairs {
@@ -243,6 +260,29 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 	if err != nil {
 		return nil, err
 	}
+	l, err := c.shardsOf(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(repairs))
+	for k, pos := range byShard(l, len(repairs), func(i int) string { return repairs[i].ID }) {
+		part := make([]Repair, len(pos))
+		for j, p := range pos {
+			part[j] = repairs[p]
+		}
+		applied, err := c.repairShard(ctx, s, queue, l[k], part)
+		if err != nil {
+			return nil, err
+		}
+		for j, p := range pos {
+			out[p] = applied[j]
+		}
+	}
+	return out, nil
+}
+
+// repairShard runs the repairs of one shard, maxRepair a script call.
+func (c *Client) repairShard(ctx context.Context, s *redis.Script, queue string, k Keys, repairs []Repair) ([]bool, error) {
 	out := make([]bool, 0, len(repairs))
 	for start := 0; start < len(repairs); start += maxRepair {
 		batch := repairs[start:min(start+maxRepair, len(repairs))]
@@ -285,6 +325,7 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 // ScanCursor walks everything Redis holds for one queue with ScanIDs: the members of
 // ready, active and dead, then the task hash keys. The zero value starts a walk.
 type ScanCursor struct {
+	shard  int // of a sharded queue, walked one after the other
 	phase  int // 0 ready, 1 active, 2 dead, 3 task keys, 4 done
 	cursor uint64
 	deep   bool
@@ -304,17 +345,19 @@ func (s ScanCursor) Done() bool { return s.phase >= 4 }
 // come more than once, in several ZSETs or as a key too; a batch can be empty before
 // the walk is over). The task keys come from a SCAN of the node holding the queue:
 // it visits the whole keyspace of that node, with MATCH on the queue's key prefix.
+// A sharded queue's shards are walked one after the other.
 func (c *Client) ScanIDs(ctx context.Context, queue string, cur ScanCursor, count int) ([]string, ScanCursor, error) {
-	k, err := c.Keys(queue)
+	l, err := c.shardsOf(ctx, queue)
 	if err != nil {
 		return nil, cur, err
 	}
 	if count < 1 {
 		return nil, cur, fmt.Errorf("%w: scan count %d: at least 1", ErrInvalidArgument, count)
 	}
-	if cur.Done() {
-		return nil, cur, nil
+	if cur.Done() || cur.shard >= len(l) {
+		return nil, ScanCursor{phase: 4}, nil
 	}
+	k := l[cur.shard]
 	next := cur
 	var ids []string
 	if cur.phase < 3 {
@@ -347,6 +390,9 @@ func (c *Client) ScanIDs(ctx context.Context, queue string, cur ScanCursor, coun
 		next.phase++
 		if next.phase == 3 && !next.deep {
 			next.phase = 4
+		}
+		if next.phase == 4 && next.shard+1 < len(l) {
+			next.shard, next.phase = next.shard+1, 0
 		}
 	}
 	return ids, next, nil
@@ -408,13 +454,14 @@ func (c *Client) Queues(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// queueOf returns the queue of a key laid out by KeysFor.
+// queueOf returns the queue of a key laid out by KeysFor or ShardKeys.
 func (c *Client) queueOf(key string) (string, bool) {
 	rest, ok := strings.CutPrefix(key, c.cfg.Prefix+":{")
 	if !ok {
 		return "", false
 	}
 	q, _, ok := strings.Cut(rest, "}:")
+	q, _, _ = strings.Cut(q, "#") // a shard's hash tag: "<queue>#<k>.<s>"
 	if !ok || validate.Queue(q) != nil {
 		return "", false
 	}

@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -74,6 +77,9 @@ type Client struct {
 	rdb redis.UniversalClient
 	cfg Config
 	s   scripts
+	sh  shardCache
+	// turn picks the shard a sharded queue's claim starts its share-out with.
+	turn atomic.Uint32
 }
 
 // New returns a Client on rdb. cfg is completed with WithDefaults and validated.
@@ -114,13 +120,14 @@ func cutError(s string) string {
 	return s[:MaxErrorBytes]
 }
 
-// Enqueue adds tasks to queue, one script call per Config.EnqueueBatch tasks, and
-// reports what happened to each (same order). A task whose hash exists is a
-// Duplicate; see Task.Version for replacement. All tasks are validated before
-// anything is written; an error after that leaves earlier batches written.
+// Enqueue adds tasks to queue and reports what happened to each (same order). A
+// task whose hash exists is a Duplicate; see Task.Version for replacement. The
+// tasks go in one pipelined round trip: one script call per shard of the queue
+// and Config.EnqueueBatch tasks. All tasks are validated before anything is
+// written; an error after that may leave some calls applied (repeating them is
+// safe: they come back Duplicate).
 func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]EnqueueStatus, error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
 	for i, t := range tasks {
@@ -128,25 +135,14 @@ func (c *Client) Enqueue(ctx context.Context, queue string, tasks ...Task) ([]En
 			return nil, fmt.Errorf("delayq: enqueue %s: task %d: %w", queue, i, err)
 		}
 	}
-	out := make([]EnqueueStatus, 0, len(tasks))
-	if len(tasks) > 0 {
-		if err := c.rdb.SAdd(ctx, registryKey(c.cfg.Prefix), queue).Err(); err != nil {
-			return out, fmt.Errorf("delayq: enqueue %s: register the queue: %w", queue, err)
-		}
+	if len(tasks) == 0 {
+		return []EnqueueStatus{}, nil
 	}
-	for start := 0; start < len(tasks); start += c.cfg.EnqueueBatch {
-		batch := tasks[start:min(start+c.cfg.EnqueueBatch, len(tasks))]
-		v, err := c.run(ctx, c.s.enqueue, []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control}, c.enqueueArgs(k, batch, false)...)
-		if err != nil {
-			return out, fmt.Errorf("delayq: enqueue %s: %w", queue, err)
-		}
-		st, err := parseEnqueue(v, len(batch))
-		if err != nil {
-			return out, err
-		}
-		out = append(out, st...)
+	out, err := c.enqueue(ctx, []QueueTasks{{Queue: queue, Tasks: tasks}}, false)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	return out[0], nil
 }
 
 func (c *Client) checkTask(t Task, maxPayload int) error {
@@ -176,10 +172,12 @@ func (c *Client) checkTask(t Task, maxPayload int) error {
 
 // Claim leases up to max due tasks of queue for lease (rounded up to a whole ms),
 // by the Redis clock. With no task due, Claim.Tasks is empty and Claim.NextDue says
-// how long to wait (see Waiter).
+// how long to wait (see Waiter). A sharded queue's claim asks every shard in one
+// pipelined round trip, max shared among them from a shard that turns with every
+// call, so that each shard is drained at the same pace; due order holds within a
+// shard, and across shards only as far as their backlogs are alike.
 func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Duration) (Claim, error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return Claim{}, err
 	}
 	if max < 1 || max > maxClaim {
@@ -188,24 +186,72 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	if lease <= 0 || ms(lease) > maxMS {
 		return Claim{}, fmt.Errorf("%w: lease %v: must be positive", ErrInvalidArgument, lease)
 	}
+	l, err := c.shardsOf(ctx, queue)
+	if err != nil {
+		return Claim{}, err
+	}
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	v, err := c.run(ctx, c.s.claim, []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}, max, ms(lease), hex.EncodeToString(b[:]))
-	if err != nil {
-		return Claim{}, fmt.Errorf("delayq: claim %s: %w", queue, err)
+	base := hex.EncodeToString(b[:])
+	claimKeys := func(k Keys) []string {
+		return []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}
 	}
-	return parseClaim(v, queue)
+	if len(l) == 1 {
+		v, err := c.run(ctx, c.s.claim, claimKeys(l[0]), max, ms(lease), base)
+		if err != nil {
+			return Claim{}, fmt.Errorf("delayq: claim %s: %w", queue, err)
+		}
+		return parseClaim(v, queue)
+	}
+	n := len(l)
+	first := int(c.turn.Add(1) % uint32(n))
+	calls := make([]scriptCall, n)
+	for i := range n {
+		k := (first + i) % n
+		quota := max / n
+		if i < max%n {
+			quota++
+		}
+		calls[i] = scriptCall{keys: claimKeys(l[k]), args: []any{quota, ms(lease), tokenBase(base, k, n)}}
+	}
+	parts := make([]Claim, n)
+	for i, cmd := range c.runPipelined(ctx, c.s.claim, calls, nil) {
+		v, err := cmd.Result()
+		if err != nil {
+			return Claim{}, fmt.Errorf("delayq: claim %s: shard %d of %d: %w", queue, (first+i)%n, n, err)
+		}
+		if parts[i], err = parseClaim(v, queue); err != nil {
+			return Claim{}, err
+		}
+	}
+	return mergeClaims(parts), nil
 }
 
-func (c *Client) leaseArgs(queue, id, token string) (Keys, error) {
-	k, err := keysForTask(c.cfg.Prefix, queue, id)
-	if err != nil {
-		return Keys{}, err
+// mergeClaims joins the claims of a queue's shards: the tasks in due order, the
+// soonest NextDue of any shard, and the shortest RateWait of the shards with
+// tasks due (0 if one of them could start more now).
+func mergeClaims(parts []Claim) Claim {
+	out := Claim{NextDue: -1, Now: parts[0].Now}
+	rateWait := time.Duration(-1)
+	for _, p := range parts {
+		out.Tasks = append(out.Tasks, p.Tasks...)
+		if p.NextDue >= 0 && (out.NextDue < 0 || p.NextDue < out.NextDue) {
+			out.NextDue = p.NextDue
+		}
+		if p.NextDue == 0 && (rateWait < 0 || p.RateWait < rateWait) {
+			rateWait = p.RateWait
+		}
 	}
-	if err := checkToken(token); err != nil {
-		return Keys{}, err
+	if out.NextDue == 0 {
+		out.RateWait = rateWait
 	}
-	return k, nil
+	slices.SortFunc(out.Tasks, func(a, b ClaimedTask) int {
+		if c := a.Due.Compare(b.Due); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
 }
 
 func checkToken(token string) error {
@@ -213,6 +259,17 @@ func checkToken(token string) error {
 		return fmt.Errorf("%w: lease token of %d bytes", ErrInvalidArgument, len(token))
 	}
 	return nil
+}
+
+// leaseArgs returns the keys of the shard holding the lease token of task id.
+func (c *Client) leaseArgs(queue, id, token string) (Keys, error) {
+	if err := validate.Queue(queue); err != nil {
+		return Keys{}, err
+	}
+	if err := validate.TaskID(id); err != nil {
+		return Keys{}, err
+	}
+	return c.leaseKeys(queue, token)
 }
 
 func leaseLost(op, queue, id string) error {
@@ -239,8 +296,7 @@ func (c *Client) Extend(ctx context.Context, queue, id, token string, lease time
 // duration are validated before anything is written; an error after that may
 // leave earlier calls applied.
 func (c *Client) ExtendMany(ctx context.Context, queue string, leases []Lease, lease time.Duration) (renewed []bool, err error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
 	if err := checkLeases(leases); err != nil {
@@ -252,7 +308,7 @@ func (c *Client) ExtendMany(ctx context.Context, queue string, leases []Lease, l
 	if len(leases) == 0 {
 		return nil, nil
 	}
-	return c.runLeases(ctx, c.s.extend, "extend", queue, []string{k.Active, k.TaskPrefix}, ms(lease), leases, parseExtend)
+	return c.runLeases(ctx, c.s.extend, "extend", queue, func(k Keys) []string { return []string{k.Active, k.TaskPrefix} }, ms(lease), leases, parseExtend)
 }
 
 // checkLeases validates leases for a batch script: each with a valid id and token.
@@ -269,31 +325,77 @@ func checkLeases(leases []Lease) error {
 }
 
 // runLeases runs a batch script (complete, extend) over leases of queue, one call
-// per maxComplete of them, each with first then the id, token pairs, and appends
-// what parse reads of each reply: one bool per lease.
-func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue string, keys []string, first any,
+// per shard the leases' tokens name and maxComplete of them, all in one pipelined
+// round trip; each call takes first then the id, token pairs. It returns what
+// parse reads of each reply: one bool per lease, in the order of leases.
+func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue string, keys func(Keys) []string, first any,
 	leases []Lease, parse func(dst []bool, v any, n int) ([]bool, error)) ([]bool, error) {
-	out := make([]bool, 0, len(leases))
-	args := make([]any, 0, 1+2*min(len(leases), maxComplete))
-	for len(leases) > 0 {
-		part := leases[:min(len(leases), maxComplete)]
-		leases = leases[len(part):]
-		args = append(args[:0], first)
-		for _, l := range part {
-			args = append(args, l.ID, l.Token)
-		}
-		v, err := c.run(ctx, s, keys, args...)
+	type group struct {
+		k   Keys
+		pos []int
+	}
+	var groups []group // few: one per shard
+	for i, l := range leases {
+		k, err := c.leaseKeys(queue, l.Token)
 		if err != nil {
-			if len(part) == 1 {
-				return nil, fmt.Errorf("delayq: %s %s/%s: %w", op, queue, part[0].ID, err)
-			}
-			return nil, fmt.Errorf("delayq: %s %d tasks of %s: %w", op, len(part), queue, err)
-		}
-		if out, err = parse(out, v, len(part)); err != nil {
 			return nil, err
+		}
+		j := slices.IndexFunc(groups, func(g group) bool { return g.k == k })
+		if j < 0 {
+			groups = append(groups, group{k: k})
+			j = len(groups) - 1
+		}
+		groups[j].pos = append(groups[j].pos, i)
+	}
+	var calls []scriptCall
+	var at [][]int
+	for _, g := range groups {
+		for start := 0; start < len(g.pos); start += maxComplete {
+			part := g.pos[start:min(start+maxComplete, len(g.pos))]
+			args := make([]any, 0, 1+2*len(part))
+			args = append(args, first)
+			for _, i := range part {
+				args = append(args, leases[i].ID, leases[i].Token)
+			}
+			calls = append(calls, scriptCall{keys: keys(g.k), args: args})
+			at = append(at, part)
+		}
+	}
+	var replies []any
+	if len(calls) == 1 {
+		v, err := c.run(ctx, s, calls[0].keys, calls[0].args...)
+		if err != nil {
+			return nil, leasesErr(op, queue, leases, at[0], err)
+		}
+		replies = []any{v}
+	} else {
+		for i, cmd := range c.runPipelined(ctx, s, calls, nil) {
+			v, err := cmd.Result()
+			if err != nil {
+				return nil, leasesErr(op, queue, leases, at[i], err)
+			}
+			replies = append(replies, v)
+		}
+	}
+	out := make([]bool, len(leases))
+	var one []bool
+	for i, v := range replies {
+		var err error
+		if one, err = parse(one[:0], v, len(at[i])); err != nil {
+			return nil, err
+		}
+		for j, p := range at[i] {
+			out[p] = one[j]
 		}
 	}
 	return out, nil
+}
+
+func leasesErr(op, queue string, leases []Lease, part []int, err error) error {
+	if len(part) == 1 {
+		return fmt.Errorf("delayq: %s %s/%s: %w", op, queue, leases[part[0]].ID, err)
+	}
+	return fmt.Errorf("delayq: %s %d tasks of %s: %w", op, len(part), queue, err)
 }
 
 // Complete marks a claimed task done: it leaves active and its hash stays as the
@@ -316,8 +418,7 @@ func (c *Client) Complete(ctx context.Context, queue, id, token string) error {
 // task (the lease was lost) and that task is unchanged. Every lease is validated
 // before anything is written; an error after that may leave earlier calls applied.
 func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease) (done []bool, err error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
 	if err := checkLeases(leases); err != nil {
@@ -330,7 +431,7 @@ func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease)
 	if c.cfg.DoneRetention > 0 {
 		ret = ms(c.cfg.DoneRetention)
 	}
-	return c.runLeases(ctx, c.s.complete, "complete", queue, []string{k.Active, k.TaskPrefix, k.History}, ret, leases,
+	return c.runLeases(ctx, c.s.complete, "complete", queue, func(k Keys) []string { return []string{k.Active, k.TaskPrefix, k.History} }, ret, leases,
 		func(dst []bool, v any, n int) ([]bool, error) { return appendApplied(dst, v, "complete", n) })
 }
 
@@ -413,24 +514,42 @@ func (c *Client) ReleaseAfter(ctx context.Context, queue, id, token string, dela
 	return nil
 }
 
-// Reap takes back up to limit expired leases of queue (Redis clock): tasks with runs
+// Reap takes back up to limit expired leases of queue (of each shard; Redis clock): tasks with runs
 // left return to ready after a backoff (Config.ReapBackoffBase/Max), the others go to
 // dead with the error "lease expired" (mirror them into Postgres). Members of active
 // without an active task hash are dropped and reported as orphans.
 func (c *Client) Reap(ctx context.Context, queue string, limit int) (ReapResult, error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return ReapResult{}, err
 	}
 	if limit < 1 || limit > maxReap {
 		return ReapResult{}, fmt.Errorf("%w: reap limit %d: 1..%d", ErrInvalidArgument, limit, maxReap)
 	}
-	v, err := c.run(ctx, c.s.reap, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
-		k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), ms(ExhaustedHold))
+	l, err := c.shardsOf(ctx, queue)
 	if err != nil {
-		return ReapResult{}, fmt.Errorf("delayq: reap %s: %w", queue, err)
+		return ReapResult{}, err
 	}
-	return parseReap(v)
+	calls := make([]scriptCall, len(l))
+	for i, k := range l {
+		calls[i] = scriptCall{
+			keys: []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
+			args: []any{k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), ms(ExhaustedHold)},
+		}
+	}
+	var out ReapResult
+	for _, v := range c.each(ctx, c.s.reap, calls) {
+		if v.err != nil {
+			return ReapResult{}, fmt.Errorf("delayq: reap %s: %w", queue, v.err)
+		}
+		r, err := parseReap(v.val)
+		if err != nil {
+			return ReapResult{}, err
+		}
+		out.Requeued = append(out.Requeued, r.Requeued...)
+		out.Exhausted = append(out.Exhausted, r.Exhausted...)
+		out.Orphans = append(out.Orphans, r.Orphans...)
+	}
+	return out, nil
 }
 
 // LeaseExpiredError is the last error of a task whose last lease expired, when its
@@ -444,7 +563,7 @@ const ExhaustedHold = 10 * time.Second
 // Remove deletes a task in any state, with its dedupe record, and reports whether
 // anything existed. A worker holding its lease gets ErrLeaseLost afterwards.
 func (c *Client) Remove(ctx context.Context, queue, id string) (removed bool, err error) {
-	k, err := keysForTask(c.cfg.Prefix, queue, id)
+	k, err := c.taskKeys(ctx, queue, id)
 	if err != nil {
 		return false, err
 	}
@@ -456,23 +575,50 @@ func (c *Client) Remove(ctx context.Context, queue, id string) (removed bool, er
 	return code == 1, err
 }
 
-// Stats reads the counts of queue in one atomic step on the Redis clock.
+// Stats reads the counts of queue in one atomic step on the Redis clock (one a
+// shard, in one round trip, summed).
 func (c *Client) Stats(ctx context.Context, queue string) (Stats, error) {
-	k, err := c.Keys(queue)
+	l, err := c.shardsOf(ctx, queue)
 	if err != nil {
 		return Stats{}, err
 	}
-	v, err := c.run(ctx, c.s.stats, []string{k.Ready, k.Active, k.Dead})
-	if err != nil {
-		return Stats{}, fmt.Errorf("delayq: stats %s: %w", queue, err)
+	calls := make([]scriptCall, len(l))
+	for i, k := range l {
+		calls[i] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead}}
 	}
-	return parseStats(v)
+	parts := make([]Stats, len(l))
+	for i, v := range c.each(ctx, c.s.stats, calls) {
+		if v.err != nil {
+			return Stats{}, fmt.Errorf("delayq: stats %s: %w", queue, v.err)
+		}
+		if parts[i], err = parseStats(v.val); err != nil {
+			return Stats{}, err
+		}
+	}
+	return sumStats(parts), nil
+}
+
+// sumStats adds up the stats of a queue's shards.
+func sumStats(parts []Stats) Stats {
+	out := parts[0]
+	for _, p := range parts[1:] {
+		out.Ready += p.Ready
+		out.DueNow += p.DueNow
+		out.Active += p.Active
+		out.ExpiredLeases += p.ExpiredLeases
+		out.Dead += p.Dead
+		out.OldestLateness = max(out.OldestLateness, p.OldestLateness)
+		if !p.NextDue.IsZero() && (out.NextDue.IsZero() || p.NextDue.Before(out.NextDue)) {
+			out.NextDue = p.NextDue
+		}
+	}
+	return out
 }
 
 // Overdue counts the ready tasks of queue due more than after ago by the Redis
 // clock: due, and not claimed for that long.
 func (c *Client) Overdue(ctx context.Context, queue string, after time.Duration) (int64, error) {
-	k, err := c.Keys(queue)
+	l, err := c.shardsOf(ctx, queue)
 	if err != nil {
 		return 0, err
 	}
@@ -480,18 +626,28 @@ func (c *Client) Overdue(ctx context.Context, queue string, after time.Duration)
 	if err != nil {
 		return 0, fmt.Errorf("delayq: overdue %s: %w", queue, err)
 	}
-	n, err := c.rdb.ZCount(ctx, k.Ready, "-inf", "("+formatScore(now.Add(-after))).Result()
+	cmds := make([]*redis.IntCmd, len(l))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range l {
+			cmds[i] = p.ZCount(ctx, k.Ready, "-inf", "("+formatScore(now.Add(-after)))
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, fmt.Errorf("delayq: overdue %s: %w", queue, err)
+	}
+	var n int64
+	for _, cmd := range cmds {
+		n += cmd.Val()
 	}
 	return n, nil
 }
 
-// Inspect reads up to 1000 tasks of queue in one atomic step, in the order of ids.
-// Tasks that do not exist come back with State StateMissing.
+// Inspect reads up to 1000 tasks of queue, in the order of ids: atomically in
+// each shard, one script call a shard, in one round trip. Tasks that do not exist
+// come back with State StateMissing.
 func (c *Client) Inspect(ctx context.Context, queue string, ids ...string) ([]TaskInfo, error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
 	if len(ids) == 0 {
@@ -500,16 +656,30 @@ func (c *Client) Inspect(ctx context.Context, queue string, ids ...string) ([]Ta
 	if len(ids) > maxInspect {
 		return nil, fmt.Errorf("%w: inspect %d ids, at most %d", ErrInvalidArgument, len(ids), maxInspect)
 	}
-	args := make([]any, len(ids))
-	for i, id := range ids {
+	for _, id := range ids {
 		if err := validate.TaskID(id); err != nil {
 			return nil, err
 		}
-		args[i] = id
 	}
-	v, err := c.run(ctx, c.s.inspect, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix}, args...)
+	l, err := c.shardsOf(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TaskInfo, len(ids))
+	err = c.perShard(ctx, c.s.inspect, l, ids,
+		func(k Keys) []string { return []string{k.Ready, k.Active, k.Dead, k.TaskPrefix} },
+		func(v any, ids []string, pos []int) error {
+			infos, err := parseInspect(v, ids)
+			if err != nil {
+				return err
+			}
+			for j, p := range pos {
+				out[p] = infos[j]
+			}
+			return nil
+		})
 	if err != nil {
 		return nil, fmt.Errorf("delayq: inspect %s: %w", queue, err)
 	}
-	return parseInspect(v, ids)
+	return out, nil
 }

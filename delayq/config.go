@@ -46,6 +46,12 @@ type Config struct {
 	// while the pub/sub connection reconnects). Default 30s.
 	MaxWait time.Duration
 
+	// ShardRefresh is how long the Client trusts the shard count it read of a
+	// queue (Controls.Shards) before it reads it again. Default 1s. A change of
+	// the count reaches a running Client within it; an enqueue routed by a stale
+	// count is refused by Redis and routed anew, never misplaced.
+	ShardRefresh time.Duration
+
 	// Logger receives rare events (pub/sub reconnects). Default: discard.
 	Logger *slog.Logger
 }
@@ -76,6 +82,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxWait == 0 {
 		c.MaxWait = 30 * time.Second
 	}
+	if c.ShardRefresh == 0 {
+		c.ShardRefresh = time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -99,6 +108,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: ReapBackoffBase %v: at least 1ms", ErrInvalidConfig, c.ReapBackoffBase)
 	case c.ReapBackoffMax < c.ReapBackoffBase:
 		return fmt.Errorf("%w: ReapBackoffMax %v below ReapBackoffBase %v", ErrInvalidConfig, c.ReapBackoffMax, c.ReapBackoffBase)
+	case c.ShardRefresh < time.Millisecond:
+		return fmt.Errorf("%w: ShardRefresh %v: at least 1ms", ErrInvalidConfig, c.ShardRefresh)
 	case c.MaxWait < time.Millisecond:
 		return fmt.Errorf("%w: MaxWait %v: at least 1ms", ErrInvalidConfig, c.MaxWait)
 	}

@@ -3,6 +3,7 @@ package delayq
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -36,14 +37,18 @@ type Controls struct {
 // its starts. A resume, or a changed limit, wakes sleeping workers. version is
 // the version of the queue's controls in Postgres (the truth:
 // outbox.Client.PauseQueue and SetQueueRateLimit return it); a version not newer
-// than the one Redis holds changes nothing, and applied is false.
+// than the one Redis holds changes nothing, and applied is false (for a sharded
+// queue: than the one every shard holds; the shards behind are brought up).
 func (c *Client) SetControls(ctx context.Context, queue string, version int64, ctl Controls) (applied bool, err error) {
-	k, err := c.Keys(queue)
-	if err != nil {
+	if err := validate.Queue(queue); err != nil {
 		return false, err
 	}
 	if version < 1 || version >= 1e15 {
 		return false, fmt.Errorf("%w: controls version %d: 1..10^15-1", ErrInvalidArgument, version)
+	}
+	n := max(ctl.Shards, 1)
+	if n > MaxShards {
+		return false, fmt.Errorf("%w: %d shards: 1..%d", ErrInvalidArgument, ctl.Shards, MaxShards)
 	}
 	rate := ctl.Rate.WithDefaults()
 	if err := rate.Validate(); err != nil {
@@ -57,35 +62,93 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	if ctl.Paused {
 		p = "1"
 	}
-	v, err := c.run(ctx, s, []string{k.Control}, k.Wake, version, p, rate.Limit, ms(rate.Period), rate.Burst)
+	// Every shard holds the controls, with its share of the rate: Limit starts
+	// per n periods, a burst of Burst/n (at least 1). The shards of the count
+	// Redis held before get the new count too, so that an enqueue routed by the
+	// old one is refused there (enqueue.lua).
+	old, err := c.readShards(ctx, queue)
 	if err != nil {
-		return false, fmt.Errorf("delayq: set controls %s: %w", queue, err)
+		return false, err
 	}
-	code, err := parseCode(v, "ctl", 0, 1)
-	return code == 1, err
+	layout, err := c.layout(queue, n)
+	if err != nil {
+		return false, err
+	}
+	if old != n {
+		before, err := c.layout(queue, old)
+		if err != nil {
+			return false, err
+		}
+		layout = append(slices.Clone(layout), before[1:]...)
+	}
+	calls := make([]scriptCall, len(layout))
+	for i, k := range layout {
+		calls[i] = scriptCall{keys: []string{k.Control},
+			args: []any{k.Wake, version, p, rate.Limit, ms(rate.Period) * int64(n), max(1, rate.Burst/n), n}}
+	}
+	for _, r := range c.each(ctx, s, calls) {
+		if r.err != nil {
+			return false, fmt.Errorf("delayq: set controls %s: %w", queue, r.err)
+		}
+		code, err := parseCode(r.val, "ctl", 0, 1)
+		if err != nil {
+			return false, err
+		}
+		applied = applied || code == 1
+	}
+	c.forgetShards(queue)
+	return applied, nil
 }
 
-// Controls reads queue's controls as Redis holds them (what the claim script
-// reads), and their version (0 when Redis holds none).
+// Controls reads queue's controls as Redis holds them in its shard 0 (what the
+// claim script reads there), and their version: the oldest any shard holds (0
+// when one holds none), so that a shard left behind, or lost with its master's
+// data, is written again by the next mirror. A sharded queue's rate comes back
+// as the shards enforce it together; Shards is 0 for a queue of one shard.
 func (c *Client) Controls(ctx context.Context, queue string) (ctl Controls, version int64, err error) {
 	k, err := c.Keys(queue)
 	if err != nil {
 		return Controls{}, 0, err
 	}
-	v, err := c.rdb.HMGet(ctx, k.Control, "v", "p", "r", "w", "b").Result()
+	v, err := c.rdb.HMGet(ctx, k.Control, "v", "p", "r", "w", "b", "n").Result()
 	if err != nil {
 		return Controls{}, 0, fmt.Errorf("delayq: controls %s: %w", queue, err)
 	}
-	num := func(i int) int64 {
+	num := func(v []any, i int) int64 {
 		s, _ := v[i].(string)
 		n, _ := strconv.ParseInt(s, 10, 64)
 		return n
 	}
 	ctl.Paused = v[1] == "1"
-	if n := num(2); n > 0 {
-		ctl.Rate = RateLimit{Limit: int(n), Period: time.Duration(num(3)) * time.Millisecond, Burst: int(num(4))}
+	n := int(min(max(num(v, 5), 1), MaxShards))
+	if n > 1 {
+		ctl.Shards = n
 	}
-	return ctl, num(0), nil
+	if r := num(v, 2); r > 0 {
+		ctl.Rate = RateLimit{Limit: int(r), Period: time.Duration(num(v, 3)/int64(n)) * time.Millisecond, Burst: int(num(v, 4)) * n}
+	}
+	version = num(v, 0)
+	if n == 1 {
+		return ctl, version, nil
+	}
+	l, err := c.layout(queue, n)
+	if err != nil {
+		return Controls{}, 0, err
+	}
+	cmds := make([]*redis.SliceCmd, n-1)
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range l[1:] {
+			cmds[i] = p.HMGet(ctx, k.Control, "v")
+		}
+		return nil
+	})
+	if err != nil {
+		return Controls{}, 0, fmt.Errorf("delayq: controls %s: %w", queue, err)
+	}
+	for _, cmd := range cmds {
+		version = min(version, num(cmd.Val(), 0))
+	}
+	return ctl, version, nil
 }
 
 // PausedMany reports, for each of queues, whether it is paused in Redis, with one

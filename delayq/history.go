@@ -110,7 +110,7 @@ type Minute struct {
 
 // History reads the last minutes (1..HistoryRetention's 120) of each queue's
 // history, the minute of now last, oldest first: one pipelined round trip for every
-// queue (one HGETALL per queue and minute). now is the caller's clock, which the
+// queue (one HGETALL per queue, shard and minute; a sharded queue's shards summed). now is the caller's clock, which the
 // minutes follow (the scripts use the Redis clock: a clock a few seconds apart
 // moves a few seconds of counts into the next minute).
 func (c *Client) History(ctx context.Context, now time.Time, minutes int, queues ...string) (map[string][]Minute, error) {
@@ -118,19 +118,24 @@ func (c *Client) History(ctx context.Context, now time.Time, minutes int, queues
 		return nil, fmt.Errorf("%w: history of %d minutes: 1..%d", ErrInvalidArgument, minutes, int(HistoryRetention/time.Minute))
 	}
 	last := now.Unix() / 60
-	keys := make([]Keys, len(queues))
+	// Every shard of each queue; of[j] is shard j's queue.
+	var keys []Keys
+	var of []int
 	for i, q := range queues {
-		k, err := c.Keys(q)
+		l, err := c.shardsOf(ctx, q)
 		if err != nil {
 			return nil, err
 		}
-		keys[i] = k
+		for _, k := range l {
+			keys = append(keys, k)
+			of = append(of, i)
+		}
 	}
 	out := make(map[string][]Minute, len(queues))
 	if len(queues) == 0 {
 		return out, nil
 	}
-	cmds := make([]*redis.MapStringStringCmd, 0, len(queues)*minutes)
+	cmds := make([]*redis.MapStringStringCmd, 0, len(keys)*minutes)
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range keys {
 			for m := last - int64(minutes) + 1; m <= last; m++ {
@@ -142,15 +147,23 @@ func (c *Client) History(ctx context.Context, now time.Time, minutes int, queues
 	if err != nil {
 		return nil, fmt.Errorf("delayq: history: %w", err)
 	}
-	for i, q := range queues {
+	for _, q := range queues {
 		ms := make([]Minute, minutes)
 		for j := range ms {
 			ms[j].Start = time.Unix((last-int64(minutes)+1+int64(j))*60, 0).UTC()
-			if err := parseMinute(cmds[i*minutes+j].Val(), &ms[j]); err != nil {
-				return nil, fmt.Errorf("delayq: history %s: %w", q, err)
-			}
 		}
 		out[q] = ms
+	}
+	for s, i := range of {
+		ms := out[queues[i]]
+		for j := range ms {
+			var m Minute
+			if err := parseMinute(cmds[s*minutes+j].Val(), &m); err != nil {
+				return nil, fmt.Errorf("delayq: history %s: %w", queues[i], err)
+			}
+			ms[j].Done += m.Done
+			ms[j].Lateness.Merge(&m.Lateness)
+		}
 	}
 	return out, nil
 }

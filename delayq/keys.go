@@ -107,18 +107,6 @@ func registryKey(prefix string) string { return prefix + ":queues" }
 // listpack exceed 32 bytes (48 with non-default fields), costs the next class.
 func (k Keys) TaskKey(id string) string { return k.TaskPrefix + id }
 
-// keysForTask validates the task id as well.
-func keysForTask(prefix, queue, id string) (Keys, error) {
-	k, err := KeysFor(prefix, queue)
-	if err != nil {
-		return Keys{}, err
-	}
-	if err := validate.TaskID(id); err != nil {
-		return Keys{}, err
-	}
-	return k, nil
-}
-
 // hashTag returns the part of key Redis Cluster hashes: the content of the first
 // "{...}" with at least one byte inside, else the whole key.
 func hashTag(key string) string {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayq/delayq/internal/validate"
 )
 
 func TestKeysFor(t *testing.T) {
@@ -60,6 +62,15 @@ func TestHashTag(t *testing.T) {
 	}
 }
 
+// keysForTask builds the keys of queue, validating the task id as well.
+func keysForTask(prefix, queue, id string) (Keys, error) {
+	k, err := KeysFor(prefix, queue)
+	if err != nil {
+		return Keys{}, err
+	}
+	return k, validate.TaskID(id)
+}
+
 // FuzzKeys: for any accepted prefix, queue and id, every key of the queue hashes to
 // the queue's slot (the queue is the hash tag), and a task key is its prefix + id.
 func FuzzKeys(f *testing.F) {
@@ -88,6 +99,23 @@ func FuzzKeys(f *testing.F) {
 		}
 		if strings.ContainsAny(id, "{}") || strings.ContainsAny(queue, "{}:") {
 			t.Fatalf("validation let braces through: %q %q", queue, id)
+		}
+		// The id's shard in a queue of 2..MaxShards shards (a number from the id):
+		// every key of it on one slot, and the key read back as the queue's.
+		n := 2 + len(id)%(MaxShards-1)
+		sk, err := ShardKeys(prefix, queue, ShardOf(id, n), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tag := hashTag(sk.Ready)
+		c := &Client{cfg: Config{Prefix: prefix}}
+		for _, key := range []string{sk.Ready, sk.Active, sk.Dead, sk.Priority, sk.Control, sk.TaskKey(id)} {
+			if got := hashTag(key); got != tag {
+				t.Fatalf("shard key %q hashes on %q, not on %q", key, got, tag)
+			}
+			if q, ok := c.queueOf(key); !ok || q != queue {
+				t.Fatalf("shard key %q read back as queue %q, %v", key, q, ok)
+			}
 		}
 	})
 }

@@ -40,18 +40,12 @@ func (c *Client) ValidateTask(t Task) error { return c.checkTask(t, validate.Max
 // independent: on an error some of them may have been applied. Since an enqueue of
 // an existing task is a duplicate, repeating the whole call is safe.
 //
-// When Redis does not know the script (after a restart or SCRIPT FLUSH), it is
-// loaded and the calls Redis refused are sent once more.
+// The tasks of a sharded queue go to their shards (ShardOf), one call per shard.
+// When Redis does not know the script (after a restart or SCRIPT FLUSH), the
+// calls Redis refused are sent once more.
 func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([][]EnqueueStatus, error) {
-	type call struct {
-		batch, start, n int
-		keys            []string
-		args            []any
-	}
-	var calls []call
-	for i, b := range batches {
-		k, err := c.Keys(b.Queue)
-		if err != nil {
+	for _, b := range batches {
+		if err := validate.Queue(b.Queue); err != nil {
 			return nil, err
 		}
 		for j, t := range b.Tasks {
@@ -59,81 +53,138 @@ func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([]
 				return nil, fmt.Errorf("delayq: enqueue %s: task %d: %w", b.Queue, j, err)
 			}
 		}
-		for start := 0; start < len(b.Tasks); start += c.cfg.EnqueueBatch {
-			part := b.Tasks[start:min(start+c.cfg.EnqueueBatch, len(b.Tasks))]
-			calls = append(calls, call{
-				batch: i, start: start, n: len(part),
-				keys: []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control},
-				args: c.enqueueArgs(k, part, true),
-			})
-		}
 	}
+	return c.enqueue(ctx, batches, true)
+}
+
+// enqueueCall is one enqueue script call: tasks of one shard of one batch, at the
+// positions pos of batches[batch].Tasks.
+type enqueueCall struct {
+	batch int
+	pos   []int
+	scriptCall
+}
+
+// enqueue routes the validated tasks of batches to their shards, one script call
+// per shard and Config.EnqueueBatch tasks, sends all calls in one pipelined round
+// trip with the queues' registration, and returns the statuses in the shape of
+// batches. The calls a shard refused for a stale shard count (errShardsChanged,
+// nothing written) go once more, routed by the count read anew.
+func (c *Client) enqueue(ctx context.Context, batches []QueueTasks, replaceFinished bool) ([][]EnqueueStatus, error) {
 	out := make([][]EnqueueStatus, len(batches))
+	var calls []enqueueCall
 	for i, b := range batches {
 		out[i] = make([]EnqueueStatus, len(b.Tasks))
+		var err error
+		if calls, err = c.enqueueCalls(ctx, calls, i, b, nil, replaceFinished); err != nil {
+			return nil, err
+		}
 	}
 	if len(calls) == 0 {
 		return out, nil
 	}
-
-	cmds := make([]*redis.Cmd, len(calls))
 	var register *redis.IntCmd
-	send := func(idx []int) {
-		// The error is in the commands too, read below.
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			if register == nil {
-				register = c.register(ctx, p, batches)
-			}
-			for _, i := range idx {
-				cmds[i] = c.s.enqueue.EvalSha(ctx, p, calls[i].keys, calls[i].args...)
-			}
-			return nil
-		})
+	refused, err := c.sendEnqueue(ctx, batches, calls, out, func(p redis.Pipeliner) { register = c.register(ctx, p, batches) })
+	if err != nil {
+		return nil, err
 	}
-	all := make([]int, len(calls))
-	for i := range all {
-		all[i] = i
-	}
-	send(all)
 	if err := register.Err(); err != nil {
 		return nil, fmt.Errorf("delayq: register queues: %w", err)
 	}
-	// Only the calls Redis refused for want of the script go again: on a Cluster
-	// some nodes may know it and have run theirs, whose statuses must stand.
-	var again []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, i)
-		}
+	if len(refused) == 0 {
+		return out, nil
 	}
-	if len(again) > 0 {
-		if err := c.s.enqueue.Load(ctx, c.rdb).Err(); err != nil {
-			return nil, fmt.Errorf("delayq: enqueue: load script: %w", err)
-		}
-		send(again)
+	calls = calls[:0]
+	for _, cl := range refused {
+		c.forgetShards(batches[cl.batch].Queue)
 	}
-	for i, cl := range calls {
-		v, err := cmds[i].Result()
-		if err != nil {
-			return nil, fmt.Errorf("delayq: enqueue %s (%d script calls, pipelined): %w", batches[cl.batch].Queue, len(calls), err)
-		}
-		st, err := parseEnqueue(v, cl.n)
-		if err != nil {
+	for _, cl := range refused {
+		if calls, err = c.enqueueCalls(ctx, calls, cl.batch, batches[cl.batch], cl.pos, replaceFinished); err != nil {
 			return nil, err
 		}
-		copy(out[cl.batch][cl.start:], st)
+	}
+	if refused, err = c.sendEnqueue(ctx, batches, calls, out, nil); err != nil {
+		return nil, err
+	}
+	if len(refused) > 0 {
+		return nil, fmt.Errorf("delayq: enqueue %s: the shard count changed twice during the call", batches[refused[0].batch].Queue)
 	}
 	return out, nil
 }
 
+// enqueueCalls appends the calls that enqueue the tasks of b at positions pos (all
+// of them when pos is nil) into their shards.
+func (c *Client) enqueueCalls(ctx context.Context, calls []enqueueCall, batch int, b QueueTasks, pos []int, replaceFinished bool) ([]enqueueCall, error) {
+	if len(b.Tasks) == 0 {
+		return calls, nil
+	}
+	l, err := c.shardsOf(ctx, b.Queue)
+	if err != nil {
+		return nil, err
+	}
+	if pos == nil {
+		pos = make([]int, len(b.Tasks))
+		for i := range pos {
+			pos[i] = i
+		}
+	}
+	groups := byShard(l, len(pos), func(i int) string { return b.Tasks[pos[i]].ID })
+	for k, g := range groups {
+		for start := 0; start < len(g); start += c.cfg.EnqueueBatch {
+			part := g[start:min(start+c.cfg.EnqueueBatch, len(g))]
+			at := make([]int, len(part))
+			tasks := make([]Task, len(part))
+			for j, p := range part {
+				at[j] = pos[p]
+				tasks[j] = b.Tasks[pos[p]]
+			}
+			kk := l[k]
+			calls = append(calls, enqueueCall{batch: batch, pos: at, scriptCall: scriptCall{
+				keys: []string{kk.Ready, kk.Active, kk.TaskPrefix, kk.Dead, kk.Priority, kk.Control},
+				args: c.enqueueArgs(kk, tasks, replaceFinished, len(l)),
+			}})
+		}
+	}
+	return calls, nil
+}
+
+// sendEnqueue runs calls in one pipelined round trip, writes their statuses into
+// out, and returns the calls refused for a stale shard count.
+func (c *Client) sendEnqueue(ctx context.Context, batches []QueueTasks, calls []enqueueCall, out [][]EnqueueStatus, first func(redis.Pipeliner)) ([]enqueueCall, error) {
+	sc := make([]scriptCall, len(calls))
+	for i, cl := range calls {
+		sc[i] = cl.scriptCall
+	}
+	cmds := c.runPipelined(ctx, c.s.enqueue, sc, first)
+	var refused []enqueueCall
+	for i, cl := range calls {
+		v, err := cmds[i].Result()
+		if err != nil && redis.HasErrorPrefix(err, "SHARDS") {
+			refused = append(refused, cl)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("delayq: enqueue %s (%d script calls, pipelined): %w", batches[cl.batch].Queue, len(calls), err)
+		}
+		st, err := parseEnqueue(v, len(cl.pos))
+		if err != nil {
+			return nil, err
+		}
+		for j, p := range cl.pos {
+			out[cl.batch][p] = st[j]
+		}
+	}
+	return refused, nil
+}
+
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
-func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool) []any {
-	args := make([]any, 0, 3+9*len(tasks))
+func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool, shards int) []any {
+	args := make([]any, 0, 4+9*len(tasks))
 	replace := "0"
 	if replaceFinished {
 		replace = "1"
 	}
-	args = append(args, k.Wake, len(tasks), replace)
+	args = append(args, k.Wake, len(tasks), replace, shards)
 	for _, t := range tasks {
 		due := "now"
 		if !t.RunAt.IsZero() {

@@ -1,8 +1,14 @@
 package delayq
 
 import (
+	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // MaxShards is the most shards a queue's Redis keys can be split into.
@@ -67,4 +73,189 @@ func ShardKeys(prefix, queue string, k, shards int) (Keys, error) {
 		return k0, err
 	}
 	return layout(prefix, shardTag(queue, k, shards), k0.Wake), nil
+}
+
+// A Client learns a queue's shard count from the field n of the controls hash of
+// its shard 0 (absent: 1 shard), mirrored from Postgres by SetControls, and trusts
+// it for Config.ShardRefresh. A stale count never misroutes a task: the enqueue
+// script compares the count it was given with its shard's n and refuses a
+// mismatch (errShardsChanged), after which the Client reads the count again and
+// routes anew. Claims name their shard in the lease token, so a lease is settled
+// in its own shard whatever count the Client holds by then.
+
+// shardCount is a queue's shard count as a Client read it.
+type shardCount struct {
+	n  int
+	at time.Time
+}
+
+// shardLayout is the keys of every shard of a queue of n shards.
+type shardLayout struct {
+	queue string
+	n     int
+}
+
+// shardCache holds the counts a Client read and the key layouts it built.
+type shardCache struct {
+	mu      sync.RWMutex
+	counts  map[string]shardCount
+	layouts map[shardLayout][]Keys
+}
+
+// errShardsChanged is the enqueue script's refusal of a shard count that is not
+// the one its shard holds; nothing was written.
+const errShardsChanged = "shards changed"
+
+// Shards returns queue's shard count as this Client knows it: read from Redis (the
+// mirror of Postgres' count) at most Config.ShardRefresh ago.
+func (c *Client) Shards(ctx context.Context, queue string) (int, error) {
+	if err := validate.Queue(queue); err != nil {
+		return 0, err
+	}
+	c.sh.mu.RLock()
+	sc, ok := c.sh.counts[queue]
+	c.sh.mu.RUnlock()
+	if ok && time.Since(sc.at) < c.cfg.ShardRefresh {
+		return sc.n, nil
+	}
+	return c.readShards(ctx, queue)
+}
+
+// readShards reads queue's shard count from Redis. An absent count is 1, unless
+// this Client read one before: a controls hash lost with Redis's data must not
+// collapse a sharded queue into shard 0 until the relay restores it (the enqueue
+// script then accepts any count).
+func (c *Client) readShards(ctx context.Context, queue string) (int, error) {
+	k, err := c.Keys(queue)
+	if err != nil {
+		return 0, err
+	}
+	// HMGET, not HGET: the least ACLs of docs/SECURITY.md give every role HMGET.
+	f, err := c.rdb.HMGet(ctx, k.Control, "n").Result()
+	if err != nil {
+		return 0, fmt.Errorf("delayq: shards of %s: %w", queue, err)
+	}
+	c.sh.mu.Lock()
+	defer c.sh.mu.Unlock()
+	n := 1
+	if prev, ok := c.sh.counts[queue]; ok {
+		n = prev.n
+	}
+	if s, held := f[0].(string); held {
+		v, perr := strconv.Atoi(s)
+		if perr != nil || v < 1 || v > MaxShards {
+			return 0, fmt.Errorf("delayq: shards of %s: %w: controls hold n %q", queue, ErrUnexpectedReply, s)
+		}
+		n = v
+	}
+	if c.sh.counts == nil {
+		c.sh.counts = map[string]shardCount{}
+	}
+	c.sh.counts[queue] = shardCount{n: n, at: time.Now()}
+	return n, nil
+}
+
+// forgetShards makes the next Shards of queue read Redis again.
+func (c *Client) forgetShards(queue string) {
+	c.sh.mu.Lock()
+	if sc, ok := c.sh.counts[queue]; ok {
+		sc.at = time.Time{}
+		c.sh.counts[queue] = sc
+	}
+	c.sh.mu.Unlock()
+}
+
+// layout returns the keys of every shard of queue in a queue of n shards, built
+// once per Client.
+func (c *Client) layout(queue string, n int) ([]Keys, error) {
+	l := shardLayout{queue, n}
+	c.sh.mu.RLock()
+	ks, ok := c.sh.layouts[l]
+	c.sh.mu.RUnlock()
+	if ok {
+		return ks, nil
+	}
+	ks = make([]Keys, n)
+	for i := range ks {
+		k, err := ShardKeys(c.cfg.Prefix, queue, i, n)
+		if err != nil {
+			return nil, err
+		}
+		ks[i] = k
+	}
+	c.sh.mu.Lock()
+	if c.sh.layouts == nil {
+		c.sh.layouts = map[shardLayout][]Keys{}
+	}
+	c.sh.layouts[l] = ks
+	c.sh.mu.Unlock()
+	return ks, nil
+}
+
+// shardsOf returns queue's shard count and the keys of its shards.
+func (c *Client) shardsOf(ctx context.Context, queue string) ([]Keys, error) {
+	n, err := c.Shards(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	return c.layout(queue, n)
+}
+
+// tokenBase is the token base of a claim from shard k of n: a shard's tokens name
+// it ("<k>/<n>:<base>"), so that a lease is settled in its own shard. Shard 0 of
+// an unsharded queue keeps the bare base.
+func tokenBase(base string, k, n int) string {
+	if n == 1 {
+		return base
+	}
+	return strconv.Itoa(k) + "/" + strconv.Itoa(n) + ":" + base
+}
+
+// leaseKeys returns the keys of the shard that token's claim came from.
+func (c *Client) leaseKeys(queue, token string) (Keys, error) {
+	if err := checkToken(token); err != nil {
+		return Keys{}, err
+	}
+	head, _, ok := strings.Cut(token, ":")
+	if !ok {
+		return c.Keys(queue)
+	}
+	ks, kn, ok := strings.Cut(head, "/")
+	k, err1 := strconv.Atoi(ks)
+	n, err2 := strconv.Atoi(kn)
+	if !ok || err1 != nil || err2 != nil || n < 1 || n > MaxShards || k < 0 || k >= n {
+		return Keys{}, fmt.Errorf("%w: lease token %q names no shard", ErrInvalidArgument, token)
+	}
+	l, err := c.layout(queue, n)
+	if err != nil {
+		return Keys{}, err
+	}
+	return l[k], nil
+}
+
+// byShard groups the positions 0..count-1 by the shard of id(i) among len(l)
+// shards, in order; a single shard gives one group of all.
+func byShard(l []Keys, count int, id func(i int) string) map[int][]int {
+	g := map[int][]int{}
+	for i := range count {
+		k := ShardOf(id(i), len(l))
+		g[k] = append(g[k], i)
+	}
+	return g
+}
+
+// taskKeys returns the keys of the shard of task id of queue, after validating
+// both.
+func (c *Client) taskKeys(ctx context.Context, queue, id string) (Keys, error) {
+	if err := validate.Queue(queue); err != nil {
+		return Keys{}, err
+	}
+	if err := validate.TaskID(id); err != nil {
+		return Keys{}, err
+	}
+	l, err := c.shardsOf(ctx, queue)
+	if err != nil {
+		return Keys{}, err
+	}
+	return l[ShardOf(id, len(l))], nil
 }

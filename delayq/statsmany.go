@@ -25,72 +25,58 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 	if overdueAfter < 0 {
 		return nil, fmt.Errorf("%w: overdue after %v", ErrInvalidArgument, overdueAfter)
 	}
-	keys := make([]Keys, len(queues))
-	for i, q := range queues {
-		k, err := c.Keys(q)
-		if err != nil {
-			return nil, err
-		}
-		keys[i] = k
-	}
 	if len(queues) == 0 {
 		return nil, nil
 	}
-	cmds := make([]*redis.Cmd, len(queues))
-	send := func(idx []int, eval bool) {
-		// The error is in the commands too, read below.
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range idx {
-				k := []string{keys[i].Ready, keys[i].Active, keys[i].Dead}
-				if eval {
-					cmds[i] = c.s.stats.Eval(ctx, p, k)
-				} else {
-					cmds[i] = c.s.stats.EvalSha(ctx, p, k)
-				}
-			}
-			return nil
-		})
-	}
-	all := make([]int, len(queues))
-	for i := range all {
-		all[i] = i
-	}
-	send(all, false)
-	var again []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, i)
+	// One call per shard of each queue; of[j] is call j's queue.
+	var keys []Keys
+	var of []int
+	for i, q := range queues {
+		l, err := c.shardsOf(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range l {
+			keys = append(keys, k)
+			of = append(of, i)
 		}
 	}
-	if len(again) > 0 {
-		// EVAL, not SCRIPT LOAD: an operator's ACL user may run scripts without
-		// being allowed to load them (docs/SECURITY.md), and EVAL caches it too.
-		send(again, true)
+	calls := make([]scriptCall, len(keys))
+	for j, k := range keys {
+		calls[j] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead}}
+	}
+	parts := make([][]Stats, len(queues))
+	now := make([]time.Time, len(keys))
+	for j, cmd := range c.runPipelined(ctx, c.s.stats, calls, nil) {
+		q := queues[of[j]]
+		v, err := cmd.Result()
+		if err != nil {
+			return nil, fmt.Errorf("delayq: stats %s: %w", q, err)
+		}
+		st, err := parseStats(v)
+		if err != nil {
+			return nil, fmt.Errorf("delayq: stats %s: %w", q, err)
+		}
+		parts[of[j]] = append(parts[of[j]], st)
+		now[j] = st.Now
 	}
 	out := make([]QueueStats, len(queues))
 	for i, q := range queues {
-		v, err := cmds[i].Result()
-		if err != nil {
-			return nil, fmt.Errorf("delayq: stats %s: %w", q, err)
-		}
-		out[i].Queue = q
-		if out[i].Stats, err = parseStats(v); err != nil {
-			return nil, fmt.Errorf("delayq: stats %s: %w", q, err)
-		}
+		out[i] = QueueStats{Queue: q, Stats: sumStats(parts[i])}
 	}
-	counts := make([]*redis.IntCmd, len(queues))
+	counts := make([]*redis.IntCmd, len(keys))
 	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			counts[i] = p.ZCount(ctx, k.Ready, "-inf", "("+formatScore(out[i].Now.Add(-overdueAfter)))
+		for j, k := range keys {
+			counts[j] = p.ZCount(ctx, k.Ready, "-inf", "("+formatScore(now[j].Add(-overdueAfter)))
 		}
 		return nil
 	})
-	for i, q := range queues {
-		n, err := counts[i].Result()
+	for j, cmd := range counts {
+		n, err := cmd.Result()
 		if err != nil {
-			return nil, fmt.Errorf("delayq: overdue %s: %w", q, err)
+			return nil, fmt.Errorf("delayq: overdue %s: %w", queues[of[j]], err)
 		}
-		out[i].Overdue = n
+		out[of[j]].Overdue += n
 	}
 	return out, nil
 }

@@ -32,7 +32,8 @@
 --          later moves to it (never claimed early). Then ready fills the rest, in
 --          due order. A queue without priorities pays nothing for them: y is one
 --          more field of the HMGET the controls took already.
--- ARGV[1]  n, most tasks to claim (1..1000)
+-- ARGV[1]  n, most tasks to claim (0..1000; 0 claims nothing and reports next_ms
+--          and rate_ms: a sharded queue's claim asks every shard, some for none)
 -- ARGV[2]  lease in milliseconds (1..2^40)
 -- ARGV[3]  token base, 1..64 bytes (random per call); token k is "<base>.<k>"
 --
@@ -53,8 +54,8 @@
 -- Malformed ARGV: an error reply, nothing written.
 
 if #ARGV ~= 3 then return fail('expected 3 arguments, got ' .. #ARGV) end
-local n = int(ARGV[1], 1, 1000)
-if n == nil then return fail('n must be an integer in 1..1000') end
+local n = int(ARGV[1], 0, 1000)
+if n == nil then return fail('n must be an integer in 0..1000') end
 local lease = int(ARGV[2], 1, 1099511627776)
 if lease == nil then return fail('lease must be an integer number of ms in 1..2^40') end
 local base = ARGV[3]

@@ -20,7 +20,12 @@
 --          locked as pending: a done or dead hash of the id, of any version, is then
 --          an earlier life of the id (a reused id after retention, a task retried
 --          from dead) and is replaced; "0" otherwise
--- then for task k = 0..n-1, ARGV[4+9k] .. ARGV[12+9k]:
+-- ARGV[4]  the queue's shard count the caller routed by (1..64, Controls.Shards):
+--          when the controls hold another (field n), the call is refused with the
+--          error "SHARDS <n>" and nothing is written; the caller reads the count
+--          again and routes anew. Absent n (one shard, or controls lost with
+--          Redis's data until the relay restores them) accepts any count.
+-- then for task k = 0..n-1, ARGV[5+9k] .. ARGV[13+9k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
@@ -62,10 +67,11 @@ end
 local W = 9
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
-if #ARGV ~= 3 + W * n then return fail('expected ' .. (3 + W * n) .. ' arguments, got ' .. #ARGV) end
+if #ARGV ~= 4 + W * n then return fail('expected ' .. (4 + W * n) .. ' arguments, got ' .. #ARGV) end
 if ARGV[1] == '' then return fail('empty wake channel') end
 if ARGV[3] ~= '0' and ARGV[3] ~= '1' then return fail('replace finished must be 0 or 1') end
 local replace_finished = ARGV[3] == '1'
+if int(ARGV[4], 1, 64) == nil then return fail('shards must be an integer in 1..64') end
 
 -- Validate everything first (nothing is written for malformed ARGV), keeping only
 -- each task's score; the second loop reads the rest from ARGV again. A given due is
@@ -74,7 +80,7 @@ local replace_finished = ARGV[3] == '1'
 local now = nil
 local scores = {}
 for k = 0, n - 1 do
-  local b = 4 + W * k
+  local b = 5 + W * k
   local id, due = ARGV[b], ARGV[b + 1]
   if #id == 0 or #id > 200 then return fail('task ' .. k .. ': id must have 1..200 bytes') end
   if due == 'now' then
@@ -98,6 +104,9 @@ for k = 0, n - 1 do
   if int(ARGV[b + 8], 0, 9) == nil then return fail('task ' .. k .. ': priority must be an integer in 0..9') end
 end
 
+local held = redis.call('HMGET', KEYS[6], 'n')[1]
+if held and held ~= ARGV[4] then return redis.error_reply('SHARDS ' .. held) end
+
 local before = head()
 local out = {}
 -- Members to add to the ready ZSET, as score, id pairs: one ZADD per chunk at the
@@ -105,7 +114,7 @@ local out = {}
 -- score, as with one ZADD each).
 local z = {}
 for i = 1, n do
-  local b = 4 + W * (i - 1)
+  local b = 5 + W * (i - 1)
   local id, score, payload = ARGV[b], scores[i], ARGV[b + 2]
   local max, attempt, ver = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local trace = ARGV[b + 6]
