@@ -178,7 +178,9 @@ func TestQueueShardsCommand(t *testing.T) {
 		}
 		return n, version
 	}
-	pre := func(args ...string) []string { return append([]string{"queue", "shards", "--prefix", b.prefix}, args...) }
+	pre := func(args ...string) []string {
+		return append([]string{"queue", "shards", "--prefix", b.prefix}, args...)
+	}
 
 	b.run(t, "queue", "--help").want(t, 0, "shards QUEUE N")
 	b.run(t, "queue", "shards", "--help").want(t, 0, "delayq queue shards", "only while the queue is empty",
