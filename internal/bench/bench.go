@@ -46,6 +46,8 @@ type Env struct {
 	// (10^6 starts/s), so that drain and lateness measure the claim script with
 	// its limiter at work (the controls read, the GCRA step and its write).
 	ClaimControls bool
+	// Shards is the sharded workload's shard count (0: 3).
+	Shards int
 	// Soak shapes the soak workload (zero: its documented size).
 	Soak   Soak
 	Logger *slog.Logger
@@ -99,7 +101,7 @@ func Workloads() []string {
 	order := map[string]int{"enqueue-tx": 0, "enqueue-tx-soon": 1, "enqueue-tx-soon-each": 2, "enqueue-batch": 3, "relay": 4,
 		"drain-tx": 5, "drain-tx-write": 6, "drain-tx-group": 7, "drain-tx-write-group": 8, "drain-plain": 9, "lateness": 10,
 		"lateness-steady": 11, "memory": 12, "recovery": 13, "redis-loss": 14, "redis-loss-restart": 15, "redis-loss-failover": 16,
-		"idle": 17, "rate-limit": 18, "priority": 19, "bounds": 20, "prune": 21, "soak": 22}
+		"sharded": 17, "idle": 18, "rate-limit": 19, "priority": 20, "bounds": 21, "prune": 22, "soak": 23}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }
