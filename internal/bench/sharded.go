@@ -338,8 +338,9 @@ func (g *shardRig) left(ctx context.Context, keys []delayq.Keys, home []int) (in
 
 // masterCounters is one reading of each master's counters.
 type masterCounters struct {
-	cmds []int64         // delayq's commands: INFO commandstats without serverCommands
-	cpu  []time.Duration // used_cpu_user + used_cpu_sys
+	cmds    []int64         // delayq's commands: INFO commandstats without serverCommands
+	scripts []int64         // of which script calls (EVALSHA, EVAL); the others run inside them
+	cpu     []time.Duration // used_cpu_user + used_cpu_sys
 }
 
 // serverCommands are the commands no client of delayq sends on its own: the
@@ -355,7 +356,7 @@ func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
 		if err != nil {
 			return c, err
 		}
-		var cmds int64
+		var cmds, scripts int64
 		var cpu float64
 		for _, line := range strings.Split(info, "\r\n") {
 			if rest, ok := strings.CutPrefix(line, "cmdstat_"); ok {
@@ -368,6 +369,9 @@ func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
 				if !serverCommands[cmd] {
 					cmds += v
 				}
+				if cmd == "evalsha" || cmd == "eval" {
+					scripts += v
+				}
 			}
 			for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
 				if v, ok := strings.CutPrefix(line, k); ok {
@@ -379,7 +383,7 @@ func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
 				}
 			}
 		}
-		c.cmds = append(c.cmds, cmds)
+		c.cmds, c.scripts = append(c.cmds, cmds), append(c.scripts, scripts)
 		c.cpu = append(c.cpu, time.Duration(cpu*float64(time.Second)))
 	}
 	return c, nil
@@ -387,14 +391,16 @@ func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
 
 // addShares adds each master's share of the commands between before and after
 // (name_m1_share ...), the largest deviation from the mean share, each master's
-// commands a second, commands and Redis CPU (all masters) a task.
+// commands a second, commands, script calls and Redis CPU (all masters) a task.
+// INFO commandstats counts the commands a script runs as well as its call.
 func addShares(r *Result, name string, before, after masterCounters, tasks int, elapsed time.Duration) {
-	var sum int64
+	var sum, scripts int64
 	var cpu time.Duration
 	d := make([]int64, len(before.cmds))
 	for i := range d {
 		d[i] = after.cmds[i] - before.cmds[i]
 		sum += d[i]
+		scripts += after.scripts[i] - before.scripts[i]
 		cpu += after.cpu[i] - before.cpu[i]
 	}
 	if sum == 0 {
@@ -409,6 +415,7 @@ func addShares(r *Result, name string, before, after masterCounters, tasks int, 
 	}
 	r.add(name+"_max_deviation", 100*dev, "%")
 	r.add(name+"_commands", float64(sum)/float64(tasks), "commands/task")
+	r.add(name+"_scripts", float64(scripts)/float64(tasks), "calls/task")
 	r.add(name+"_redis_cpu", float64(max(cpu, 0))/float64(time.Microsecond)/float64(tasks), "µs/task")
 }
 
