@@ -117,10 +117,13 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 }
 
 // setShards splits queue into n shards before any of its tasks exists: in
-// Postgres, the truth the relay mirrors, when the outbox has the column, and in
-// Redis, where the clients read it.
+// Postgres, the truth the relay mirrors, then in Redis, where the clients read it.
 func (s *session) setShards(ctx context.Context, dq *delayq.Client, queue string, n int) error {
-	_, err := dq.SetControls(ctx, queue, 1, delayq.Controls{Shards: n})
+	c, err := s.ob.SetQueueShards(ctx, s.pool, queue, n)
+	if err != nil {
+		return err
+	}
+	_, err = dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards})
 	return err
 }
 

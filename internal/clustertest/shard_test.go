@@ -47,11 +47,21 @@ func TestShardedQueue(t *testing.T) {
 // shardQueue is the sharded queue of these tests.
 const shardQueue = "hot"
 
-// setShards splits queue into n shards, before any of its tasks exists.
-func setShards(t testing.TB, dq *delayq.Client, queue string, n int) {
+// setShards splits queue into n shards, before any of its tasks exists: in
+// Postgres first (the truth the relay mirrors) when pg is set, then in Redis.
+func setShards(t testing.TB, pg *pgBundle, dq *delayq.Client, queue string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := dq.SetControls(ctx, queue, 1, delayq.Controls{Shards: n}); err != nil {
+	ctl := delayq.Controls{Shards: n}
+	version := int64(1)
+	if pg != nil {
+		c, err := pg.ob.SetQueueShards(ctx, pg.pool, queue, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctl, version = delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}, c.Version
+	}
+	if _, err := dq.SetControls(ctx, queue, version, ctl); err != nil {
 		t.Fatal(err)
 	}
 	if c, _, err := dq.Controls(ctx, queue); err != nil || c.Shards != n {
@@ -114,7 +124,7 @@ func testShardClaims(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Redi
 	defer cancel()
 	prefix := testenv.ClusterPrefix(t, rdb)
 	dq := newDQ(t, rdb, prefix, 2*time.Second)
-	setShards(t, dq, shardQueue, shards)
+	setShards(t, nil, dq, shardQueue, shards)
 	layoutOf(t, cl, prefix, shardQueue, shards)
 
 	const n = 400
@@ -188,7 +198,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 	// A long MaxWait: the dead task's new life arrives while the workers sleep, so
 	// it runs in time only if its shard's enqueue wakes them.
 	dq := newDQ(t, rdb, prefix, time.Minute)
-	setShards(t, dq, shardQueue, shards)
+	setShards(t, &pg, dq, shardQueue, shards)
 	lay := layoutOf(t, cl, prefix, shardQueue, shards)
 
 	const n = 600
