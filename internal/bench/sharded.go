@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -344,6 +345,8 @@ type masterCounters struct {
 	cmds    []int64         // delayq's commands: INFO commandstats without serverCommands
 	scripts []int64         // of which script calls (EVALSHA, EVAL); the others run inside them
 	cpu     []time.Duration // used_cpu_user + used_cpu_sys
+	sys     []time.Duration // used_cpu_sys: the kernel's part
+	self    time.Duration   // this process's CPU (relay, worker), -1 unknown
 }
 
 // serverCommands are the commands no client of delayq sends on its own: the
@@ -353,14 +356,18 @@ var serverCommands = map[string]bool{"info": true, "replconf": true, "psync": tr
 
 // counters reads every master's counters.
 func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
-	var c masterCounters
+	c := masterCounters{self: -1}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		c.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
 	for _, m := range g.masters {
 		info, err := m.Info(ctx, "commandstats", "cpu").Result()
 		if err != nil {
 			return c, err
 		}
 		var cmds, scripts int64
-		var cpu float64
+		var cpu, sys float64
 		for _, line := range strings.Split(info, "\r\n") {
 			if rest, ok := strings.CutPrefix(line, "cmdstat_"); ok {
 				cmd, stats, _ := strings.Cut(rest, ":")
@@ -383,28 +390,35 @@ func (g *shardRig) counters(ctx context.Context) (masterCounters, error) {
 						return c, fmt.Errorf("INFO cpu: %q: %w", line, err)
 					}
 					cpu += f
+					if k == "used_cpu_sys:" {
+						sys = f
+					}
 				}
 			}
 		}
 		c.cmds, c.scripts = append(c.cmds, cmds), append(c.scripts, scripts)
 		c.cpu = append(c.cpu, time.Duration(cpu*float64(time.Second)))
+		c.sys = append(c.sys, time.Duration(sys*float64(time.Second)))
 	}
 	return c, nil
 }
 
 // addShares adds each master's share of the commands between before and after
 // (name_m1_share ...), the largest deviation from the mean share, each master's
-// commands a second, commands, script calls and Redis CPU (all masters) a task.
+// commands a second, commands, script calls and Redis CPU (all masters; and the
+// kernel's part of it) a task, and this process's CPU a task (the relay's or the
+// worker's).
 // INFO commandstats counts the commands a script runs as well as its call.
 func addShares(r *Result, name string, before, after masterCounters, tasks int, elapsed time.Duration) {
 	var sum, scripts int64
-	var cpu time.Duration
+	var cpu, sys time.Duration
 	d := make([]int64, len(before.cmds))
 	for i := range d {
 		d[i] = after.cmds[i] - before.cmds[i]
 		sum += d[i]
 		scripts += after.scripts[i] - before.scripts[i]
 		cpu += after.cpu[i] - before.cpu[i]
+		sys += after.sys[i] - before.sys[i]
 	}
 	if sum == 0 {
 		return
@@ -420,6 +434,10 @@ func addShares(r *Result, name string, before, after masterCounters, tasks int, 
 	r.add(name+"_commands", float64(sum)/float64(tasks), "commands/task")
 	r.add(name+"_scripts", float64(scripts)/float64(tasks), "calls/task")
 	r.add(name+"_redis_cpu", float64(max(cpu, 0))/float64(time.Microsecond)/float64(tasks), "µs/task")
+	if before.self >= 0 && after.self >= 0 {
+		r.add(name+"_go_cpu", float64(after.self-before.self)/float64(time.Microsecond)/float64(tasks), "µs/task")
+	}
+	r.add(name+"_redis_cpu_kernel", float64(max(sys, 0))/float64(time.Microsecond)/float64(tasks), "µs/task")
 }
 
 func abs(f float64) float64 {
