@@ -31,7 +31,7 @@ func registry() map[string]workload {
 		"redis-loss":           {"100,000 tasks due over a minute; 10 s in, their keys are deleted (a flush): no operator, every task once, lateness after due or loss", redisLoss(lossFlush)},
 		"redis-loss-restart":   {"redis-loss, but a Redis of its own without persistence is killed and restarted, empty", redisLoss(lossRestart)},
 		"redis-loss-failover":  {"redis-loss on a Redis Cluster of its own (3 masters, replicas): the queue's master killed while its replica lags 500 ms", redisLoss(lossFailover)},
-		"sharded":              {"50,000 tasks due now in one queue on a Redis Cluster of its own (3 masters), relayed and drained by a plain worker (32 slots), in 1 shard then in 3 (--shards): each master's share of the commands", sharded},
+		"sharded":              {"50,000 tasks due now in one queue on a Redis Cluster of its own (3 masters), relayed and drained by a plain worker (32 slots), in 1 shard, in 3 (--shards), in 3 with 32 slots a shard: each master's share of the commands", sharded},
 		"soak":                 {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
 		"prune":                {"1,000,000 done rows past retention, one retention pass while 8 producers commit 200 tasks/s: its duration, enqueue p99 before, during, after (run only by name)", prune},
 		"rate-limit":           {"a queue limited to 200 starts/s and an unlimited one, both backlogged, 4 workers: the observed rate over 60 s, the other queue's drain", rateLimit},

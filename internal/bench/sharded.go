@@ -24,8 +24,11 @@ import (
 // masters with a replica each (redis-cli's equal runs of slots); one queue of
 // 50,000 tasks due now, enqueued through the outbox and moved by the relay, then
 // drained by one worker with a plain no-op handler (32 slots, as drain-plain).
-// Twice: the queue in one shard (all its keys on one master: the contrast), then
-// in Env.Shards shards (default 3). For the relay's move and for the drain, each
+// Three times: the queue in one shard (all its keys on one master: the
+// contrast), then in Env.Shards shards (default 3), then in as many shards with 32
+// slots a shard (a claim asks every shard for a share of its slots, so this one's
+// claims carry as many tasks a shard as the unsharded queue's). For the relay's
+// move and for the drain, each
 // master's delayq commands (INFO commandstats, less the servers' own chatter and
 // this workload's INFO calls) before and after: every master's share, the largest
 // deviation from the mean in %, commands a second per master, Redis CPU a task.
@@ -80,7 +83,7 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 		return fmt.Errorf("shards %d: want 1..%d", shards, delayq.MaxShards)
 	}
 	n := s.n(50_000)
-	r.Params["tasks"], r.Params["shards"], r.Params["masters"], r.Params["concurrency"] = n, shards, shardedMasters, 32
+	r.Params["tasks"], r.Params["shards"], r.Params["masters"] = n, shards, shardedMasters
 	cl, err := tempserver.StartRedisCluster(ctx, shardedMasters)
 	if err != nil {
 		return err
@@ -103,11 +106,10 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 	}
 	r.Checks = map[string]int64{}
 	want := map[string]int64{}
-	for _, ph := range []struct {
-		name, queue string
-		shards      int
-	}{{"flat", "flat", 1}, {"sharded", "hot", shards}} {
-		if err := s.shardPhase(ctx, g, r, ph.name, ph.queue, ph.shards, n, want); err != nil {
+	// A claim asks every shard for a share of its slots, so the third phase gives
+	// the worker 32 slots a shard: claims as large a shard as the unsharded one's.
+	for _, ph := range []shardPhase{{"flat", "flat", 1, 32}, {"sharded", "hot", shards, 32}, {"sharded_wide", "wide", shards, 32 * shards}} {
+		if err := s.shardPhase(ctx, g, r, ph, n, want); err != nil {
 			return fmt.Errorf("%s (%d shards): %w", ph.name, ph.shards, err)
 		}
 	}
@@ -128,10 +130,18 @@ func (s *session) setShards(ctx context.Context, dq *delayq.Client, queue string
 	return err
 }
 
-// shardPhase runs one phase of the sharded workload on queue, split into shards,
-// adding its figures (named name_...) and checks to r, and the checks' expected
-// values to want.
-func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, name, queue string, shards, n int, want map[string]int64) error {
+// shardPhase is one phase of the sharded workload: its figures' prefix, its
+// queue, the queue's shard count, the worker's slots.
+type shardPhase struct {
+	name, queue   string
+	shards, slots int
+}
+
+// shardPhase runs one phase of the sharded workload, adding its figures (named
+// name_...) and checks to r, and the checks' expected values to want.
+func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph shardPhase, n int, want map[string]int64) error {
+	name, queue, shards := ph.name, ph.queue, ph.shards
+	r.Params[name+"_concurrency"] = ph.slots
 	if shards > 1 {
 		if err := s.setShards(ctx, g.dq, queue, shards); err != nil {
 			return err
@@ -217,7 +227,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, name, 
 		}
 		runs[j].Add(1)
 		return nil
-	}, worker.QueueConfig{Concurrency: 32})
+	}, worker.QueueConfig{Concurrency: ph.slots})
 	if err != nil {
 		return err
 	}
