@@ -202,12 +202,15 @@ func TestQueueShardsCommand(t *testing.T) {
 	if n != 4 || v != 1 {
 		t.Fatalf("mail: %d shards, version %d; want 4, 1", n, v)
 	}
-	if _, rv, err := b.dq.Controls(ctx, "mail"); err != nil || rv != v {
-		t.Fatalf("Redis holds version %d (%v), want %d", rv, err, v)
+	if rc, rv, err := b.dq.Controls(ctx, "mail"); err != nil || rv != v || rc.Shards != 4 {
+		t.Fatalf("Redis holds %+v version %d (%v), want 4 shards, version %d", rc, rv, err, v)
 	}
 	b.run(t, "queue", "pause", "--prefix", b.prefix, "mail").want(t, exitOK, "mail paused")
 	if n, _ := shards("mail"); n != 4 {
 		t.Fatalf("a pause changed the count to %d", n)
+	}
+	if rc, _, err := b.dq.Controls(ctx, "mail"); err != nil || rc.Shards != 4 || !rc.Paused {
+		t.Fatalf("after the pause Redis holds %+v (%v), want 4 shards, paused", rc, err)
 	}
 	b.run(t, "queue", "list", "--prefix", b.prefix).want(t, exitOK, "SHARDS", "mail", "same")
 	r := b.run(t, "queue", "list", "--prefix", b.prefix, "--json")

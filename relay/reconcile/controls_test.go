@@ -1,0 +1,60 @@
+package reconcile
+
+import (
+	"testing"
+	"time"
+
+	"github.com/delayq/delayq/delayq"
+)
+
+// TestRestoreControlsMirrorsShards sets a queue's shard count and pause in
+// Postgres only: RestoreControls mirrors both, and a later pause or resume
+// mirrored the same way keeps the count (a mirror without it would fold the queue
+// into one shard).
+func TestRestoreControlsMirrorsShards(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t, time.Minute)
+	if _, err := b.ob.SetQueueShards(ctx, b.pool, "wide", 4); err != nil {
+		t.Fatal(err)
+	}
+	pg, err := b.ob.PauseQueue(ctx, b.pool, "wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(wantPaused bool, wantVersion int64) {
+		t.Helper()
+		n, err := RestoreControls(ctx, b.pool, b.dq, Options{})
+		if err != nil || n != 1 {
+			t.Fatalf("RestoreControls = %d, %v; want 1 restored", n, err)
+		}
+		c, v, err := b.dq.Controls(ctx, "wide")
+		if err != nil || v != wantVersion || c.Shards != 4 || c.Paused != wantPaused {
+			t.Fatalf("Redis holds %+v version %d (%v); want 4 shards, paused %v, version %d", c, v, err, wantPaused, wantVersion)
+		}
+		if n, err := RestoreControls(ctx, b.pool, b.dq, Options{}); err != nil || n != 0 {
+			t.Fatalf("RestoreControls again = %d, %v; want 0", n, err)
+		}
+	}
+	check(true, pg.Version)
+	pg, err = b.ob.ResumeQueue(ctx, b.pool, "wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(false, pg.Version)
+	// A task enqueued now goes to its shard of 4.
+	id := "t-1"
+	for delayq.ShardOf(id, 4) == 0 {
+		id += "x"
+	}
+	if _, err := b.dq.Enqueue(ctx, "wide", delayq.Task{ID: id, RunAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := delayq.ShardKeys(b.prefix, "wide", delayq.ShardOf(id, 4), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.rdb.ZScore(ctx, k.Ready, id).Result(); err != nil {
+		t.Fatalf("%s is not in its shard's ready set %s: %v", id, k.Ready, err)
+	}
+}
