@@ -228,12 +228,16 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 }
 
 // mergeClaims joins the claims of a queue's shards: the tasks in due order, the
-// soonest NextDue of any shard, and the shortest RateWait of the shards with
-// tasks due (0 if one of them could start more now).
+// latest Now (each shard's script read the clock when it ran, so no task is due
+// after the latest), the soonest NextDue of any shard, and the shortest RateWait
+// of the shards with tasks due (0 if one of them could start more now).
 func mergeClaims(parts []Claim) Claim {
 	out := Claim{NextDue: -1, Now: parts[0].Now}
 	rateWait := time.Duration(-1)
 	for _, p := range parts {
+		if p.Now.After(out.Now) {
+			out.Now = p.Now
+		}
 		out.Tasks = append(out.Tasks, p.Tasks...)
 		if p.NextDue >= 0 && (out.NextDue < 0 || p.NextDue < out.NextDue) {
 			out.NextDue = p.NextDue

@@ -1,6 +1,7 @@
 package delayq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -24,10 +25,12 @@ type Controls struct {
 	// Rate limits the queue's starts (zero value: no limit). A sharded queue's
 	// shards share it: each enforces Limit per Shards × Period.
 	Rate RateLimit
-	// Shards splits the queue's Redis keys into this many shards (1..MaxShards;
-	// 0 is 1), each in a Cluster slot of its own (ShardKeys): a queue too busy for
-	// one Redis master spreads over several. Each task keeps to its shard
-	// (ShardOf); claims take from every shard.
+	// Shards splits the queue's Redis keys into this many shards (1..MaxShards),
+	// each in a Cluster slot of its own (ShardKeys): a queue too busy for one
+	// Redis master spreads over several. Each task keeps to its shard (ShardOf);
+	// claims take from every shard. In SetControls, 0 keeps the count Redis holds
+	// (so a caller that sets only a pause cannot fold a sharded queue into one
+	// shard); Controls reports 0 for a queue of one shard.
 	Shards int
 }
 
@@ -46,9 +49,8 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	if version < 1 || version >= 1e15 {
 		return false, fmt.Errorf("%w: controls version %d: 1..10^15-1", ErrInvalidArgument, version)
 	}
-	n := max(ctl.Shards, 1)
-	if n > MaxShards {
-		return false, fmt.Errorf("%w: %d shards: 1..%d", ErrInvalidArgument, ctl.Shards, MaxShards)
+	if ctl.Shards < 0 || ctl.Shards > MaxShards {
+		return false, fmt.Errorf("%w: %d shards: 1..%d, or 0 to keep the count", ErrInvalidArgument, ctl.Shards, MaxShards)
 	}
 	rate := ctl.Rate.WithDefaults()
 	if err := rate.Validate(); err != nil {
@@ -70,6 +72,7 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	if err != nil {
 		return false, err
 	}
+	n := cmp.Or(ctl.Shards, old)
 	layout, err := c.layout(queue, n)
 	if err != nil {
 		return false, err

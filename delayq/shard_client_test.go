@@ -141,6 +141,9 @@ func TestShardedQueue(t *testing.T) {
 		}
 		leases := make([]Lease, len(cl.Tasks))
 		for i, task := range cl.Tasks {
+			if cl.Now.Before(task.Due) {
+				t.Fatalf("%s due %v, after the claim's Now %v", task.ID, task.Due, cl.Now)
+			}
 			if seen[task.ID] {
 				t.Fatalf("%s claimed twice", task.ID)
 			}
@@ -260,7 +263,16 @@ func TestShardedControls(t *testing.T) {
 	if p, _ := b.rdb.HGet(ctx, l[2].Control, "p").Result(); p != "1" {
 		t.Fatalf("shard 2 paused %q after the mirror", p)
 	}
-	if _, err := b.c.SetControls(ctx, b.queue, 4, Controls{Shards: MaxShards + 1}); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("%d shards: %v, want ErrInvalidArgument", MaxShards+1, err)
+	for _, n := range []int{-1, MaxShards + 1} {
+		if _, err := b.c.SetControls(ctx, b.queue, 4, Controls{Shards: n}); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%d shards: %v, want ErrInvalidArgument", n, err)
+		}
+	}
+	// A resume that leaves Shards 0 keeps the count.
+	if _, err := b.c.SetControls(ctx, b.queue, 4, Controls{}); err != nil {
+		t.Fatal(err)
+	}
+	if ctl, v, err := b.c.Controls(ctx, b.queue); err != nil || v != 4 || ctl != (Controls{Shards: 3}) {
+		t.Fatalf("after a resume without a count: %+v, %d, %v; want 3 shards kept", ctl, v, err)
 	}
 }

@@ -70,7 +70,8 @@ type Claim struct {
 	// Redis clock, rounded up to a millisecond: 0 when more are due now, -1 when the
 	// queue has no ready task. Pass it to Waiter.Wait.
 	NextDue time.Duration
-	// Now is the Redis clock at the claim, to the millisecond.
+	// Now is the Redis clock at the claim, to the millisecond (of a sharded
+	// queue: the latest of its shards' clocks, so that no task is due after it).
 	Now time.Time
 	// RateWait, when more tasks are due (NextDue 0) but the queue's rate limit
 	// allows no further start now, is how long until it allows the next one

@@ -28,6 +28,10 @@
 //
 //	DELAYQ_FAULTS_GROUP_COMMIT=8 go test -race -count=1 ./internal/faults/
 //
+// The worker-kill and redis-restart scenarios also run with their queues split into
+// 3 shards (delayq.Controls.Shards), and DELAYQ_FAULTS_SHARDS=3 splits every
+// scenario's queues.
+//
 // Worker and relay processes are this test binary, re-executed in a child role
 // (see TestMain), so that they can be killed with SIGKILL.
 package faults

@@ -116,6 +116,7 @@ func newSystem(t *testing.T, scenario, pgURL, redisURL string) *system {
 	if s.ob, err = outbox.New(outbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
+	s.shardQueues(ctx, 0) // DELAYQ_FAULTS_SHARDS, if set
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("in-process logs (tail):\n%s", tail(s.logs.String(), 6000))
@@ -123,6 +124,31 @@ func newSystem(t *testing.T, scenario, pgURL, redisURL string) *system {
 		}
 	})
 	return s
+}
+
+// shardQueues splits every queue of the scenario into n shards (none for n < 2),
+// in Postgres and in Redis, before any task exists. DELAYQ_FAULTS_SHARDS=3 does
+// it for every scenario.
+func (s *system) shardQueues(ctx context.Context, n int) {
+	s.t.Helper()
+	if v := os.Getenv(envShards); v != "" && n == 0 {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			s.t.Fatalf("%s=%q: %v", envShards, v, err)
+		}
+	}
+	if n < 2 {
+		return
+	}
+	for _, q := range s.queues {
+		c, err := s.ob.SetQueueShards(ctx, s.admin, q, n)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if _, err := s.dq.SetControls(ctx, q, c.Version, delayq.Controls{Shards: n}); err != nil {
+			s.t.Fatal(err)
+		}
+	}
 }
 
 // ctx is the scenario's context, bounded by its time budget.

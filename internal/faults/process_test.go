@@ -41,6 +41,9 @@ const (
 	envDoneRetention = "DELAYQ_FAULTS_DONE_RETENTION"
 	// envGroupCommit is worker.GroupCommit.MaxTasks (empty: off).
 	envGroupCommit = "DELAYQ_FAULTS_GROUP_COMMIT"
+	// envShards splits every scenario's queues into this many shards
+	// (system.shardQueues; empty: one shard).
+	envShards = "DELAYQ_FAULTS_SHARDS"
 	// envDie makes a relay kill itself with SIGKILL at a point of its Nth round:
 	// "redis:N" right after the Redis write of the round returned, "commit:N" as
 	// the round's COMMIT is about to be sent. Both are between the Redis write and

@@ -26,20 +26,21 @@ const (
 func TestWorkerKill(t *testing.T) {
 	t.Parallel()
 	for _, sc := range []struct {
-		name  string
-		group int
-	}{{"worker-kill", 0}, {"worker-kill-group", 8}} {
+		name          string
+		group, shards int
+	}{{"worker-kill", 0, 0}, {"worker-kill-group", 8, 0}, {"worker-kill-sharded", 0, 3}} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
-			workerKill(t, sc.name, sc.group)
+			workerKill(t, sc.name, sc.group, sc.shards)
 		})
 	}
 }
 
-func workerKill(t *testing.T, scenario string, group int) {
+func workerKill(t *testing.T, scenario string, group, shards int) {
 	s := newSystem(t, scenario, testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
 	s.groupCommit = group
 	ctx := s.ctx()
+	s.shardQueues(ctx, shards)
 	s.runRelay("relay")
 	workers := s.startFleet("worker", 2)
 	l := s.newLoad(loadTasks, loadTime)
@@ -127,12 +128,26 @@ func relayKill(t *testing.T, scenario string, doneRetention time.Duration) {
 
 // Redis, without persistence, killed and started again (empty) twice while the
 // load runs: the relay detects each loss by its epoch mark and puts back what
-// Postgres has queued, by itself (no reconcile).
+// Postgres has queued, by itself (no reconcile). Also with queues of 3 shards,
+// whose shard counts are lost with the rest and restored from Postgres.
 func TestRedisRestart(t *testing.T) {
 	t.Parallel()
+	for _, sc := range []struct {
+		name   string
+		shards int
+	}{{"redis-restart", 0}, {"redis-restart-sharded", 3}} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			redisRestart(t, sc.name, sc.shards)
+		})
+	}
+}
+
+func redisRestart(t *testing.T, scenario string, shards int) {
 	own := testenv.OwnRedis(t)
-	s := newSystem(t, "redis-restart", testenv.PostgresURL(t), own.URL())
+	s := newSystem(t, scenario, testenv.PostgresURL(t), own.URL())
 	ctx := s.ctx()
+	s.shardQueues(ctx, shards)
 	s.runRelay("relay")
 	s.runWorker("worker-a")
 	s.runWorker("worker-b")
