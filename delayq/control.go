@@ -64,10 +64,11 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	if ctl.Paused {
 		p = "1"
 	}
-	// Every shard holds the controls, with its share of the rate: Limit starts
-	// per n periods, a burst of Burst/n (at least 1). The shards of the count
-	// Redis held before get the new count too, so that an enqueue routed by the
-	// old one is refused there (enqueue.lua).
+	// Every shard holds the controls and the count; the claim script takes its
+	// shard's share of the rate from them (Limit starts per n periods, a burst of
+	// Burst/n, at least 1). The shards of the count Redis held before get the new
+	// count too, so that an enqueue routed by the old one is refused there
+	// (enqueue.lua).
 	old, err := c.readShards(ctx, queue)
 	if err != nil {
 		return false, err
@@ -87,7 +88,7 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	calls := make([]scriptCall, len(layout))
 	for i, k := range layout {
 		calls[i] = scriptCall{keys: []string{k.Control},
-			args: []any{k.Wake, version, p, rate.Limit, ms(rate.Period) * int64(n), max(1, rate.Burst/n), n}}
+			args: []any{k.Wake, version, p, rate.Limit, ms(rate.Period), rate.Burst, n}}
 	}
 	for _, r := range c.each(ctx, s, calls) {
 		if r.err != nil {
@@ -106,8 +107,8 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 // Controls reads queue's controls as Redis holds them in its shard 0 (what the
 // claim script reads there), and their version: the oldest any shard holds (0
 // when one holds none), so that a shard left behind, or lost with its master's
-// data, is written again by the next mirror. A sharded queue's rate comes back
-// as the shards enforce it together; Shards is 0 for a queue of one shard.
+// data, is written again by the next mirror. Shards is 0 for a queue of one
+// shard.
 func (c *Client) Controls(ctx context.Context, queue string) (ctl Controls, version int64, err error) {
 	k, err := c.Keys(queue)
 	if err != nil {
@@ -128,7 +129,7 @@ func (c *Client) Controls(ctx context.Context, queue string) (ctl Controls, vers
 		ctl.Shards = n
 	}
 	if r := num(v, 2); r > 0 {
-		ctl.Rate = RateLimit{Limit: int(r), Period: time.Duration(num(v, 3)/int64(n)) * time.Millisecond, Burst: int(num(v, 4)) * n}
+		ctl.Rate = RateLimit{Limit: int(r), Period: time.Duration(num(v, 3)) * time.Millisecond, Burst: int(num(v, 4))}
 	}
 	version = num(v, 0)
 	if n == 1 {

@@ -237,7 +237,7 @@ func TestShardedControls(t *testing.T) {
 	l, _ := b.c.layout(b.queue, 3)
 	for _, k := range l {
 		f, err := b.rdb.HMGet(ctx, k.Control, "p", "r", "w", "b", "n").Result()
-		if err != nil || !slices.Equal(f, []any{"1", "300", "3000", "10", "3"}) {
+		if err != nil || !slices.Equal(f, []any{"1", "300", "1000", "30", "3"}) {
 			t.Fatalf("%s = %v, %v", k.Control, f, err)
 		}
 	}
@@ -268,11 +268,28 @@ func TestShardedControls(t *testing.T) {
 			t.Fatalf("%d shards: %v, want ErrInvalidArgument", n, err)
 		}
 	}
-	// A resume that leaves Shards 0 keeps the count.
-	if _, err := b.c.SetControls(ctx, b.queue, 4, Controls{}); err != nil {
+	// Each shard takes its share of the limit: a burst of 3 over 3 shards starts
+	// one task a shard at once.
+	if _, err := b.c.SetControls(ctx, b.queue, 5, Controls{Rate: RateLimit{Limit: 3, Period: time.Second, Burst: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	if ctl, v, err := b.c.Controls(ctx, b.queue); err != nil || v != 4 || ctl != (Controls{Shards: 3}) {
+	many := make([]Task, 30)
+	for i := range many {
+		many[i] = Task{ID: fmt.Sprintf("r-%d", i), Payload: []byte("p")}
+	}
+	if _, err := b.c.Enqueue(ctx, b.queue, many...); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := b.c.Claim(ctx, b.queue, 30, time.Minute)
+	if err != nil || len(cl.Tasks) != 3 || cl.NextDue != 0 || cl.RateWait <= 0 || cl.RateWait > time.Second {
+		t.Fatalf("claim under a limit of burst 3 over 3 shards: %d tasks, next %v, rate wait %v, %v; want 3 and a wait of up to 1s",
+			len(cl.Tasks), cl.NextDue, cl.RateWait, err)
+	}
+	// A resume that leaves Shards 0 keeps the count.
+	if _, err := b.c.SetControls(ctx, b.queue, 6, Controls{}); err != nil {
+		t.Fatal(err)
+	}
+	if ctl, v, err := b.c.Controls(ctx, b.queue); err != nil || v != 6 || ctl != (Controls{Shards: 3}) {
 		t.Fatalf("after a resume without a count: %+v, %d, %v; want 3 shards kept", ctl, v, err)
 	}
 }

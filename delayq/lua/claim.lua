@@ -18,7 +18,9 @@
 --          the starts are rate limited by GCRA on the Redis clock: g holds the
 --          theoretical arrival time in ms; a start at now is allowed while
 --          g - now < (b - 1) * T, T = w / r, and each start moves g on by T
---          (from now when g is past). Only the claim script writes g. Its y flags
+--          (from now when g is past); in a queue of n shards (its n) each shard
+--          takes T = n * w / r and a burst of b / n (at least 1). Only the claim
+--          script writes g. Its y flags
 --          the priority index (KEYS[6]): set by the scripts that add to it
 --          (lib.lua prio_add), cleared here when the index is found empty.
 -- KEYS[5]  the queue's history hash prefix (Keys.History): the claim adds each task's
@@ -65,15 +67,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_s = fmt(now + lease)
 
-local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g', 'y')
+local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g', 'y', 'n')
 if ctl[1] == '1' then return { -1, fmt(now), until_s, 0, 0 } end
 
 -- The rate limit (GCRA): allowed is how many starts it lets happen now.
 local rate = tonumber(ctl[2]) or 0
 local emit, burst, tat = 0, 0, 0
 if rate > 0 then
-  emit = (tonumber(ctl[3]) or 1000) / rate
-  burst = tonumber(ctl[4]) or 1
+  -- A shard of a queue of n shards takes its share: r per n * w, burst b / n.
+  local shards = tonumber(ctl[7]) or 1
+  emit = (tonumber(ctl[3]) or 1000) * shards / rate
+  burst = math.max(1, math.floor((tonumber(ctl[4]) or 1) / shards))
   tat = math.max(tonumber(ctl[5]) or 0, now)
   -- The 1e-6 keeps a start that falls due exactly now from being lost to rounding.
   local allowed = math.floor((now - tat) / emit + burst + 1e-6)

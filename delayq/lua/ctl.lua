@@ -18,8 +18,8 @@
 -- ARGV[5]  period in ms (1..2^40)
 -- ARGV[6]  burst: starts allowed at once (1..10^9)
 -- ARGV[7]  the queue's shard count (1..64), kept as n: the enqueue script refuses
---          a call routed by another count. (A sharded queue's shards each hold
---          the controls, with their share of the rate limit.)
+--          a call routed by another count, and the claim script takes its shard's
+--          share of the rate limit by it. (Every shard holds the controls.)
 --
 -- Returns 1 if applied, 0 if an equal or newer version is held.
 -- Malformed ARGV: an error reply, nothing written.

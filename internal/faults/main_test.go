@@ -116,7 +116,9 @@ func newSystem(t *testing.T, scenario, pgURL, redisURL string) *system {
 	if s.ob, err = outbox.New(outbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	s.shardQueues(ctx, 0) // DELAYQ_FAULTS_SHARDS, if set
+	if scenario != "model" { // the model shards its own queues
+		s.shardQueues(ctx, 0) // DELAYQ_FAULTS_SHARDS, if set
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("in-process logs (tail):\n%s", tail(s.logs.String(), 6000))

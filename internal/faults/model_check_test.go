@@ -336,13 +336,23 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 		s.t.Fatalf("scan: %v", err)
 	}
 	slices.Sort(keys)
-	byQueue := map[string]delayq.Keys{}
+	type queueKeys struct {
+		q string
+		delayq.Keys
+	}
+	var byQueue []queueKeys // every shard of every queue
 	for _, q := range modelQueues {
-		kk, err := s.dq.Keys(q)
+		n, err := s.dq.Shards(ctx, q)
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		byQueue[q] = kk
+		for k := range n {
+			kk, err := delayq.ShardKeys(s.prefix, q, k, n)
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			byQueue = append(byQueue, queueKeys{q, kk})
+		}
 	}
 	seen := map[key]bool{}
 	for _, rk := range keys {
@@ -362,8 +372,11 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 				}
 			}
 		}
-		for q, kk := range byQueue {
+		for _, kk := range byQueue {
+			q := kk.q
 			switch {
+			case rk == kk.Control:
+				known = true // the queue's controls (a shard count), mirrored from Postgres
 			case rk == kk.Ready || rk == kk.Active:
 				known = true
 				n, _ := s.rdb.ZCard(ctx, rk).Result()

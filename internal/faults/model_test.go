@@ -361,6 +361,7 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opsTime+modelSettle+60*time.Second)
 	defer cancel()
+	s.shardQueues(ctx, 0) // DELAYQ_FAULTS_SHARDS, if set
 	if _, err := s.admin.Exec(ctx, sqlModelTables); err != nil {
 		t.Fatalf("model tables: %v", err)
 	}
