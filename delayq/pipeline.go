@@ -68,7 +68,7 @@ type enqueueCall struct {
 // enqueue routes the validated tasks of batches to their shards, one script call
 // per shard and Config.EnqueueBatch tasks, sends all calls in one pipelined round
 // trip with the queues' registration, and returns the statuses in the shape of
-// batches. The calls a shard refused for a stale shard count (errShardsChanged,
+// batches. The calls a shard refused for a stale shard count ("SHARDS <n>",
 // nothing written) go once more, routed by the count read anew.
 func (c *Client) enqueue(ctx context.Context, batches []QueueTasks, replaceFinished bool) ([][]EnqueueStatus, error) {
 	out := make([][]EnqueueStatus, len(batches))

@@ -79,7 +79,7 @@ func ShardKeys(prefix, queue string, k, shards int) (Keys, error) {
 // its shard 0 (absent: 1 shard), mirrored from Postgres by SetControls, and trusts
 // it for Config.ShardRefresh. A stale count never misroutes a task: the enqueue
 // script compares the count it was given with its shard's n and refuses a
-// mismatch (errShardsChanged), after which the Client reads the count again and
+// mismatch (the error "SHARDS <n>"), after which the Client reads the count again and
 // routes anew. Claims name their shard in the lease token, so a lease is settled
 // in its own shard whatever count the Client holds by then.
 
@@ -101,10 +101,6 @@ type shardCache struct {
 	counts  map[string]shardCount
 	layouts map[shardLayout][]Keys
 }
-
-// errShardsChanged is the enqueue script's refusal of a shard count that is not
-// the one its shard holds; nothing was written.
-const errShardsChanged = "shards changed"
 
 // Shards returns queue's shard count as this Client knows it: read from Redis (the
 // mirror of Postgres' count) at most Config.ShardRefresh ago.
