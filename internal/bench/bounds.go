@@ -152,9 +152,18 @@ SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 4 * $
 		{"drain_tx_write_group_bound", "group-write.sql", 8},
 		{"drain_tx_write_group_one_round_trip_bound", "group-write-pipelined.sql", 8},
 	} {
+		before := s.cpu(ctx)
+		client := childrenCPU()
 		tps, err := runPgbench(ctx, pgbench, s.env.DatabaseURL, filepath.Join(dir, b.script), b.clients, secs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.figure, err)
+		}
+		// The CPU a transaction of Postgres and of pgbench (the bound's client, in
+		// C), beside the workload's own: on cores the client shares with the
+		// server, what the client spends is the server's to lose.
+		if after, txs := s.cpu(ctx), tps*float64(secs); before.postgres >= 0 && after.postgres >= 0 && txs > 0 {
+			r.add(b.figure+"_cpu_postgres", float64(after.postgres-before.postgres)/float64(time.Microsecond)/txs, "µs/tx")
+			r.add(b.figure+"_cpu_client", float64(childrenCPU()-client)/float64(time.Microsecond)/txs, "µs/tx")
 		}
 		if strings.HasPrefix(b.script, "group") {
 			r.add(b.figure, tps*float64(groupTasks), "tasks/s")

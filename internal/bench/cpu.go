@@ -148,6 +148,16 @@ func statFields(st string) []string {
 	return strings.Fields(st[i+2:])
 }
 
+// childrenCPU is the CPU time of this process's children that have ended and
+// been waited for (pgbench, say): user and system.
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // addCPU records the CPU per task between two readings, for each part read.
 func (r *Result) addCPU(prefix string, before, after cpuTimes, tasks int) {
 	for _, p := range []struct {

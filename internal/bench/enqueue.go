@@ -109,6 +109,7 @@ func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client,
 	n, producers := s.n(20_000), 8
 	r.Params["tasks"], r.Params["producers"] = n, producers
 	var next atomic.Int64
+	before := s.cpu(ctx)
 	start := time.Now()
 	err := parallel(producers, func() error {
 		for {
@@ -140,6 +141,7 @@ func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client,
 		return err
 	}
 	r.add("enqueue_tx", float64(n)/elapsed.Seconds(), "tasks/s")
+	r.addCPU("enqueue", before, s.cpu(ctx), n)
 	return s.checkRows(ctx, r, n)
 }
 
