@@ -110,7 +110,8 @@ type Minute struct {
 
 // History reads the last minutes (1..HistoryRetention's 120) of each queue's
 // history, the minute of now last, oldest first: one pipelined round trip for every
-// queue (one HGETALL per queue, shard and minute; a sharded queue's shards summed). now is the caller's clock, which the
+// queue (one HGETALL per queue, shard and minute; a sharded queue's shards
+// summed). now is the caller's clock, which the
 // minutes follow (the scripts use the Redis clock: a clock a few seconds apart
 // moves a few seconds of counts into the next minute).
 func (c *Client) History(ctx context.Context, now time.Time, minutes int, queues ...string) (map[string][]Minute, error) {
@@ -118,25 +119,16 @@ func (c *Client) History(ctx context.Context, now time.Time, minutes int, queues
 		return nil, fmt.Errorf("%w: history of %d minutes: 1..%d", ErrInvalidArgument, minutes, int(HistoryRetention/time.Minute))
 	}
 	last := now.Unix() / 60
-	// Every shard of each queue; of[j] is shard j's queue.
-	var keys []Keys
-	var of []int
-	for i, q := range queues {
-		l, err := c.shardsOf(ctx, q)
-		if err != nil {
-			return nil, err
-		}
-		for _, k := range l {
-			keys = append(keys, k)
-			of = append(of, i)
-		}
+	keys, of, err := c.everyShard(ctx, queues)
+	if err != nil {
+		return nil, err
 	}
 	out := make(map[string][]Minute, len(queues))
 	if len(queues) == 0 {
 		return out, nil
 	}
 	cmds := make([]*redis.MapStringStringCmd, 0, len(keys)*minutes)
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range keys {
 			for m := last - int64(minutes) + 1; m <= last; m++ {
 				cmds = append(cmds, p.HGetAll(ctx, k.History+strconv.FormatInt(m, 10)))

@@ -34,6 +34,7 @@ func ShardOf(id string, shards int) int {
 	if shards <= 1 {
 		return 0
 	}
+	// FNV-1a inline rather than hash/fnv: no allocation for each routed task.
 	h := uint32(2166136261)
 	for i := 0; i < len(id); i++ {
 		h ^= uint32(id[i])
@@ -197,6 +198,22 @@ func (c *Client) shardsOf(ctx context.Context, queue string) ([]Keys, error) {
 	return c.layout(queue, n)
 }
 
+// everyShard returns the keys of every shard of each of queues, and of[j], the
+// index in queues of keys[j]'s queue.
+func (c *Client) everyShard(ctx context.Context, queues []string) (keys []Keys, of []int, err error) {
+	for i, q := range queues {
+		l, err := c.shardsOf(ctx, q)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, k := range l {
+			keys = append(keys, k)
+			of = append(of, i)
+		}
+	}
+	return keys, of, nil
+}
+
 // tokenBase is the token base of a claim from shard k of n: a shard's tokens name
 // it ("<k>/<n>:<base>"), so that a lease is settled in its own shard. Shard 0 of
 // an unsharded queue keeps the bare base.
@@ -212,15 +229,18 @@ func (c *Client) leaseKeys(queue, token string) (Keys, error) {
 	if err := checkToken(token); err != nil {
 		return Keys{}, err
 	}
-	head, _, ok := strings.Cut(token, ":")
-	if !ok {
-		return c.Keys(queue)
-	}
-	ks, kn, ok := strings.Cut(head, "/")
-	k, err1 := strconv.Atoi(ks)
-	n, err2 := strconv.Atoi(kn)
-	if !ok || err1 != nil || err2 != nil || n < 1 || n > MaxShards || k < 0 || k >= n {
-		return Keys{}, fmt.Errorf("%w: lease token %q names no shard", ErrInvalidArgument, token)
+	// A bare token is shard 0's of an unsharded queue. Its keys come from the
+	// layout cache like a shard's: a batch of leases builds them once, not once
+	// a lease.
+	k, n := 0, 1
+	if head, _, named := strings.Cut(token, ":"); named {
+		ks, kn, ok := strings.Cut(head, "/")
+		var err1, err2 error
+		k, err1 = strconv.Atoi(ks)
+		n, err2 = strconv.Atoi(kn)
+		if !ok || err1 != nil || err2 != nil || n < 1 || n > MaxShards || k < 0 || k >= n {
+			return Keys{}, fmt.Errorf("%w: lease token %q names no shard", ErrInvalidArgument, token)
+		}
 	}
 	l, err := c.layout(queue, n)
 	if err != nil {

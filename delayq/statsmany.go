@@ -28,18 +28,9 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 	if len(queues) == 0 {
 		return nil, nil
 	}
-	// One call per shard of each queue; of[j] is call j's queue.
-	var keys []Keys
-	var of []int
-	for i, q := range queues {
-		l, err := c.shardsOf(ctx, q)
-		if err != nil {
-			return nil, err
-		}
-		for _, k := range l {
-			keys = append(keys, k)
-			of = append(of, i)
-		}
+	keys, of, err := c.everyShard(ctx, queues)
+	if err != nil {
+		return nil, err
 	}
 	calls := make([]scriptCall, len(keys))
 	for j, k := range keys {
