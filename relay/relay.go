@@ -214,20 +214,7 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
 
-	var rowsRes pgx.Rows
-	if len(r.cfg.Queues) > 0 {
-		rowsRes, err = tx.Query(ctx, r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
-	} else {
-		rowsRes, err = tx.Query(ctx, r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
-	}
-	if err != nil {
-		return 0, r.pgErr(errPostgres, "take due rows", err)
-	}
-	rows, err := pgx.CollectRows(rowsRes, func(s pgx.CollectableRow) (row, error) {
-		var x row
-		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy, &x.priority)
-		return x, err
-	})
+	rows, err := r.take(ctx, tx)
 	if err != nil {
 		return 0, r.pgErr(errPostgres, "take due rows", err)
 	}
@@ -313,6 +300,43 @@ func (r *Relay) round(ctx context.Context) (int, error) {
 	}
 	r.sawQueues(batches)
 	return len(rows), nil
+}
+
+// take marks due rows queued and returns them, in one round trip with the
+// round's commit made asynchronous: the commit returns without waiting for the
+// WAL flush, so the next round starts a disk flush sooner. Losing such a commit
+// in a crash is harmless: its rows are pending again, and the next round
+// enqueues them again, which Redis reports as duplicates. No finished state can
+// depend on a lost round: every later change of these rows (a completion, a
+// failure, a reap) locks the row after the round committed, so its own commit
+// record follows the round's in the WAL, and flushing it makes the round durable
+// too (docs/DESIGN.md, "Write orders").
+func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]row, error) {
+	b := &pgx.Batch{}
+	b.Queue("SET LOCAL synchronous_commit TO off")
+	if len(r.cfg.Queues) > 0 {
+		b.Queue(r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+	} else {
+		b.Queue(r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	res, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := pgx.CollectRows(res, func(s pgx.CollectableRow) (row, error) {
+		var x row
+		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy, &x.priority)
+		return x, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rows, br.Close()
 }
 
 // sawQueues adds the queues a round moved tasks into to the reaper's list.

@@ -713,6 +713,98 @@ func TestPostgresRestart(t *testing.T) {
 	}
 }
 
+// A round's commit does not wait for the disk (docs/DESIGN.md, "The write-order
+// rule"). Postgres killed right after a round can lose it: the row is pending
+// again, and the next round's enqueue is a duplicate in Redis. A later change of
+// the row commits synchronously after the round, which makes the round durable:
+// a row cancelled after its round keeps its queued_at through the crash.
+func TestRelayRoundLostInCrash(t *testing.T) {
+	t.Parallel()
+	pg := testenv.OwnPostgres(t)
+	rdb, prefix := testenv.Redis(t)
+	b := newBundle(t, rdb, prefix)
+	b.url, b.pool = pg.URL(), testenv.Pool(t, pg.URL())
+	// The WAL writer flushes asynchronous commits every wal_writer_delay: at its
+	// longest, a crash right after a round finds the round's commit unflushed.
+	for _, q := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `SELECT pg_reload_conf()`} {
+		if _, err := b.pool.Exec(ctxT(t), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rl := b.start(t, relay.Config{PollInterval: time.Minute, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	queuedAt := func(id string) (state string, at *time.Time) {
+		t.Helper()
+		err := b.pool.QueryRow(ctxT(t), `SELECT state, queued_at FROM delayq_outbox WHERE queue = 'q' AND task_id = $1`, id).Scan(&state, &at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return state, at
+	}
+	// crash SIGKILLs every server process and starts Postgres again (crash
+	// recovery), returning the time of the kill.
+	crash := func() time.Time {
+		t.Helper()
+		at := time.Now()
+		pg.Kill()
+		if err := pg.Start(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, func() (bool, string) {
+			err := b.pool.Ping(ctxT(t))
+			return err == nil, fmt.Sprint(err)
+		})
+		return at
+	}
+
+	// A round is lost unless something flushed the WAL meanwhile: the WAL writer
+	// wakes early when a page of WAL fills, so up to three tries.
+	lost := false
+	for i := range 3 {
+		id := fmt.Sprintf("lost-%d", i)
+		b.enqueue(t, task("q", id))
+		eventually(t, 10*time.Second, func() (bool, string) {
+			st := b.state(t, "q", id)
+			return st == "queued", st
+		})
+		dups := rl.metric(t, "delayq_relay_rows_total", "result", "duplicate")
+		crashed := crash()
+		// The relay moves the row again by itself after the restart when it was lost.
+		eventually(t, 10*time.Second, func() (bool, string) {
+			st, _ := queuedAt(id)
+			return st == "queued", st
+		})
+		if _, at := queuedAt(id); at.After(crashed) {
+			lost = true
+			eventually(t, 5*time.Second, func() (bool, string) {
+				n := rl.metric(t, "delayq_relay_rows_total", "result", "duplicate")
+				return n == dups+1, fmt.Sprintf("%v duplicates, want %v: the lost round's task should be in Redis already", n, dups+1)
+			})
+			if ti := b.info(t, "q", id); ti.State != delayq.StateReady || ti.Attempt != 0 || ti.Version != 1 {
+				t.Errorf("q/%s in Redis after the lost round was moved again: %+v", id, ti)
+			}
+			break
+		}
+	}
+	if !lost {
+		t.Fatal("no round was lost in three crashes right after it: its commit waited for the disk")
+	}
+
+	// A cancel after the round commits synchronously and flushes the round with it.
+	b.enqueue(t, task("q", "kept"))
+	eventually(t, 10*time.Second, func() (bool, string) {
+		st := b.state(t, "q", "kept")
+		return st == "queued", st
+	})
+	_, roundAt := queuedAt("kept")
+	if err := b.ob.Cancel(ctxT(t), b.pool, "q", "kept"); err != nil {
+		t.Fatal(err)
+	}
+	crash()
+	if st, at := queuedAt("kept"); st != "cancelled" || at == nil || !at.Equal(*roundAt) {
+		t.Errorf("after the crash: state %s, queued_at %v; want cancelled, queued at %v (the round kept)", st, at, roundAt)
+	}
+}
+
 // On a Redis Cluster the pipelined round splits by node: queues in different
 // slots all arrive, and a second relay round after an injected failure still
 // finds them once.
