@@ -36,6 +36,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	controls := fs.Bool("claim-controls", false, "give the workloads' queue a rate limit that never binds (10^6/s): the claim script's cost with its limiter at work")
 	rateBurst := fs.Int("rate-burst", 0, "the rate-limit workload's burst (0: the default, 100ms of starts at the limit)")
 	shards := fs.Int("shards", 0, fmt.Sprintf("the sharded workload's shard count (0: 3; at most %d)", delayq.MaxShards))
+	relayRate := fs.Int("relay-rate", 0, "the relay workload's steady load while its lag is measured, tasks a second for 10s (0: 2000; at most 20000)")
 	var soak bench.Soak
 	fs.IntVar(&soak.Rate, "soak-rate", 0, "soak: tasks committed a second (0: 500 times --scale)")
 	fs.DurationVar(&soak.Duration, "soak-duration", 0, "soak: how long the steady load lasts (0: 10m times --scale)")
@@ -54,6 +55,9 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	}
 	if *shards < 0 || *shards > delayq.MaxShards {
 		return usagef("--shards %d: want 0..%d", *shards, delayq.MaxShards)
+	}
+	if *relayRate < 0 || *relayRate > 20000 {
+		return usagef("--relay-rate %d: want 0..20000", *relayRate)
 	}
 	if soak.Rate < 0 || soak.Duration < 0 || soak.SampleEvery < 0 || soak.Retention < 0 || soak.RetentionInterval < 0 ||
 		soak.RetentionBatch < 0 || soak.RetentionBatch > 100000 || soak.GroupCommit < 0 || soak.GroupCommit > worker.MaxGroupTasks {
@@ -103,7 +107,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, RateBurst: *rateBurst, Shards: *shards, ClaimControls: *controls, Soak: soak, Logger: logger}
+	env := bench.Env{DatabaseURL: conn.databaseURL, RedisURL: conn.redisURL, Scale: *scale, WorkerBinary: self, RateBurst: *rateBurst, Shards: *shards, RelayRate: *relayRate, ClaimControls: *controls, Soak: soak, Logger: logger}
 	var failed []string
 	for _, name := range names {
 		res, err := bench.Run(ctx, env, name)

@@ -48,6 +48,9 @@ type Env struct {
 	ClaimControls bool
 	// Shards is the sharded workload's shard count (0: 3).
 	Shards int
+	// RelayRate is the relay workload's steady load, tasks committed a second
+	// for 10 s while its lag is measured (0: 2,000).
+	RelayRate int
 	// Soak shapes the soak workload (zero: its documented size).
 	Soak   Soak
 	Logger *slog.Logger

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
@@ -167,14 +169,15 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	r.add("relay_backlog", float64(n)/elapsed.Seconds(), "rows/s")
 	r.Checks = map[string]int64{"backlog_in_redis": int64(n), "queued_in_outbox": int64(n)}
 
-	lags, err := s.steadyLag(ctx, 2000, s.n(20_000))
+	rate := cmp.Or(s.env.RelayRate, 2000)
+	lags, err := s.steadyLag(ctx, rate, s.n(10*rate))
 	if serr := stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
 		return err
 	}
-	r.Params["steady_rate"], r.Params["steady_tasks"] = 2000, len(lags)
+	r.Params["steady_rate"], r.Params["steady_tasks"] = rate, len(lags)
 	r.add("lag_p50", ms(percentileD(lags, 50)), "ms")
 	r.add("lag_p99", ms(percentileD(lags, 99)), "ms")
 	r.add("lag_max", ms(percentileD(lags, 100)), "ms")
@@ -219,6 +222,23 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 			}
 		}
 	}()
+	// The producers' connections are open before the clock starts: a pool dialing
+	// eight backends at once (a process forked for each) would put their start in
+	// the first tasks' lag, which is not the relay's.
+	warm := make([]*pgxpool.Conn, 0, 8)
+	for range 8 {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			for _, c := range warm {
+				c.Release()
+			}
+			return nil, err
+		}
+		warm = append(warm, c)
+	}
+	for _, c := range warm {
+		c.Release()
+	}
 	interval := time.Second / time.Duration(rate)
 	begin := time.Now()
 	var next atomic.Int64
