@@ -169,8 +169,18 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	r.add("relay_backlog", float64(n)/elapsed.Seconds(), "rows/s")
 	r.Checks = map[string]int64{"backlog_in_redis": int64(n), "queued_in_outbox": int64(n)}
 
+	// The steady phase starts on a vacuumed table: the backlog left 100,000 dead row
+	// versions, which autovacuum would otherwise clean at a random moment of it.
+	if _, err := s.pool.Exec(ctx, "VACUUM (ANALYZE) "+s.ob.Table()); err != nil {
+		_ = stop()
+		return err
+	}
 	rate := cmp.Or(s.env.RelayRate, 2000)
+	cpu0, t0 := s.cpu(ctx), time.Now()
+	probes := s.probe(ctx)
 	lags, err := s.steadyLag(ctx, rate, s.n(10*rate))
+	pgRTT, redisRTT := probes()
+	cpu1, steady := s.cpu(ctx), time.Since(t0)
 	if serr := stop(); err == nil {
 		err = serr
 	}
@@ -181,7 +191,57 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	r.add("lag_p50", ms(percentileD(lags, 50)), "ms")
 	r.add("lag_p99", ms(percentileD(lags, 99)), "ms")
 	r.add("lag_max", ms(percentileD(lags, 100)), "ms")
+	// What the relay's round trips meet under this load, and the CPU the load
+	// holds (this process: producers and relay; Postgres; Redis): on shared
+	// cores the lag's tail is the wait for a core.
+	r.add("probe_postgres_p99", ms(percentileD(pgRTT, 99)), "ms")
+	r.add("probe_redis_p99", ms(percentileD(redisRTT, 99)), "ms")
+	if cpu0.self >= 0 && cpu0.postgres >= 0 && cpu0.redis >= 0 {
+		used := (cpu1.self - cpu0.self) + (cpu1.postgres - cpu0.postgres) + (cpu1.redis - cpu0.redis)
+		r.add("steady_cpu", used.Seconds()/steady.Seconds(), "cores")
+	}
 	return nil
+}
+
+// probe times one Postgres round trip (SELECT 1, on a connection of its own) and
+// one Redis PING every 5ms until the returned function is called, which returns
+// the latencies sorted.
+func (s *session) probe(ctx context.Context) func() (pg, redis []time.Duration) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var pg, rd []time.Duration
+	go func() {
+		defer close(done)
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return
+		}
+		defer conn.Release()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			t := time.Now()
+			if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+				pg = append(pg, time.Since(t))
+			}
+			t = time.Now()
+			if err := s.rdb.Ping(ctx).Err(); err == nil {
+				rd = append(rd, time.Since(t))
+			}
+		}
+	}()
+	return func() ([]time.Duration, []time.Duration) {
+		cancel()
+		<-done
+		slices.Sort(pg)
+		slices.Sort(rd)
+		return pg, rd
+	}
 }
 
 // steadyLag commits total tasks at rate per second (each in its own transaction,
