@@ -178,7 +178,7 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	rate := cmp.Or(s.env.RelayRate, 2000)
 	cpu0, t0 := s.cpu(ctx), time.Now()
 	probes := s.probe(ctx)
-	lags, err := s.steadyLag(ctx, rate, s.n(10*rate))
+	all, lags, err := s.steadyLag(ctx, rate, s.n(rate), s.n(10*rate))
 	pgRTT, redisRTT := probes()
 	cpu1, steady := s.cpu(ctx), time.Since(t0)
 	if serr := stop(); err == nil {
@@ -187,15 +187,18 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	r.Params["steady_rate"], r.Params["steady_tasks"] = rate, len(lags)
+	r.Params["steady_rate"], r.Params["steady_tasks"], r.Params["warmup_tasks"] = rate, len(lags), len(all)-len(lags)
 	r.add("lag_p50", ms(percentileD(lags, 50)), "ms")
 	r.add("lag_p99", ms(percentileD(lags, 99)), "ms")
 	r.add("lag_max", ms(percentileD(lags, 100)), "ms")
+	r.add("lag_p99_with_start", ms(percentileD(all, 99)), "ms")
 	// What the relay's round trips meet under this load, and the CPU the load
 	// holds (this process: producers and relay; Postgres; Redis): on shared
 	// cores the lag's tail is the wait for a core.
 	r.add("probe_postgres_p99", ms(percentileD(pgRTT, 99)), "ms")
 	r.add("probe_redis_p99", ms(percentileD(redisRTT, 99)), "ms")
+	r.add("probe_postgres_max", ms(percentileD(pgRTT, 100)), "ms")
+	r.add("probe_redis_max", ms(percentileD(redisRTT, 100)), "ms")
 	if cpu0.self >= 0 && cpu0.postgres >= 0 && cpu0.redis >= 0 {
 		used := (cpu1.self - cpu0.self) + (cpu1.postgres - cpu0.postgres) + (cpu1.redis - cpu0.redis)
 		r.add("steady_cpu", used.Seconds()/steady.Seconds(), "cores")
@@ -244,26 +247,30 @@ func (s *session) probe(ctx context.Context) func() (pg, redis []time.Duration) 
 	}
 }
 
-// steadyLag commits total tasks at rate per second (each in its own transaction,
-// from 8 producers) and measures, per task, commit → task hash written in Redis.
+// steadyLag commits warm and then total tasks at rate per second (each in its own
+// transaction, from 8 producers) and measures, per task, commit → task hash
+// written in Redis: for every task (all) and for the total after the warm ones
+// (steady), which leave out the load's start (the producers' first statements
+// prepared, the plans made anew after the vacuum).
 // Arrival is observed through Redis keyspace events on HSET, which name the key.
-func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Duration, error) {
+func (s *session) steadyLag(ctx context.Context, rate, warm, total int) (all, steady []time.Duration, err error) {
+	total += warm
 	old, err := s.rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := s.rdb.ConfigSet(ctx, "notify-keyspace-events", "Eh").Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer s.rdb.ConfigSet(context.WithoutCancel(ctx), "notify-keyspace-events", old["notify-keyspace-events"])
 	sub := s.rdb.Subscribe(ctx, "__keyevent@"+fmt.Sprint(s.rdb.Options().DB)+"__:hset")
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	keys, err := delayq.KeysFor(s.prefix, "bench")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var (
 		mu        sync.Mutex
@@ -285,18 +292,18 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 	// The producers' connections are open before the clock starts: a pool dialing
 	// eight backends at once (a process forked for each) would put their start in
 	// the first tasks' lag, which is not the relay's.
-	warm := make([]*pgxpool.Conn, 0, 8)
+	conns := make([]*pgxpool.Conn, 0, 8)
 	for range 8 {
 		c, err := s.pool.Acquire(ctx)
 		if err != nil {
-			for _, c := range warm {
+			for _, c := range conns {
 				c.Release()
 			}
-			return nil, err
+			return nil, nil, err
 		}
-		warm = append(warm, c)
+		conns = append(conns, c)
 	}
-	for _, c := range warm {
+	for _, c := range conns {
 		c.Release()
 	}
 	interval := time.Second / time.Duration(rate)
@@ -313,6 +320,9 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 				time.Sleep(d)
 			}
 			id := fmt.Sprintf("steady-%d", i)
+			if i < int64(warm) {
+				id = fmt.Sprintf("warmup-%d", i)
+			}
 			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 				// Due in 10s: within the outbox NotifyWithin, so the relay is woken at
 				// commit (a task due later is found by its next round instead).
@@ -328,7 +338,7 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 		}
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	err = waitFor(ctx, time.Minute, "steady tasks in Redis", func() (bool, error) {
 		mu.Lock()
@@ -336,18 +346,24 @@ func (s *session) steadyLag(ctx context.Context, rate, total int) ([]time.Durati
 		return len(arrived) >= total, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	lags := make([]time.Duration, 0, total)
+	all = make([]time.Duration, 0, total)
+	steady = make([]time.Duration, 0, total-warm)
 	for id, c := range committed {
 		// The hash can be written before Commit returned to the producer (the relay
 		// is woken at commit): count that as zero lag, not negative.
-		lags = append(lags, max(0, arrived[id].Sub(c)))
+		lag := max(0, arrived[id].Sub(c))
+		all = append(all, lag)
+		if strings.HasPrefix(id, "steady-") {
+			steady = append(steady, lag)
+		}
 	}
-	slices.Sort(lags)
-	return lags, nil
+	slices.Sort(all)
+	slices.Sort(steady)
+	return all, steady, nil
 }
 
 // drainKind is what a drain workload's handler does.
