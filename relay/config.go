@@ -76,13 +76,14 @@ type Config struct {
 	// the pooler keeps on one server connection) rather than a session. Default
 	// false.
 	PollOnly bool
-	// FollowUp and FollowUpFor: after every notification the relay runs a round
-	// every FollowUp for FollowUpFor (each notification starting the time again),
-	// which moves the tasks whose enqueues left their notification out because one
-	// into the same queue had just notified and committed (outbox
-	// Config.NotifyCooldown, 25ms by default: keep FollowUpFor well above it).
-	// Defaults 5ms and 100ms; FollowUpFor -1 turns the follow-up off (then set
-	// the producers' NotifyCooldown to -1 too).
+	// FollowUp and FollowUpFor: for FollowUpFor after every notification (each
+	// notification starting the time again) the relay runs follow-up rounds, which
+	// move the tasks whose enqueues left their notification out because one into
+	// the same queue had just notified and committed (outbox
+	// Config.NotifyCooldown, 25ms by default: keep FollowUpFor well above it): the
+	// next at once after a round that moved rows, FollowUp after one that found
+	// none. Defaults 5ms and 100ms; FollowUpFor -1 turns the follow-up off (then
+	// set the producers' NotifyCooldown to -1 too).
 	FollowUp, FollowUpFor time.Duration
 	// RoundTimeout bounds one round (select, Redis write, update, commit). A round
 	// in hand is finished, not abandoned, when Run's context ends. Default 30s.

@@ -20,8 +20,9 @@
 // drains at full speed. Otherwise the relay waits for a notification (producers
 // pg_notify in their transaction, delivered at commit, on a connection of the
 // relay's own), or until the next pending row comes within the horizon, at most
-// Config.PollInterval. After every notification it runs a round every
-// Config.FollowUp (5ms) for Config.FollowUpFor (100ms): producers leave their
+// Config.PollInterval. For Config.FollowUpFor (100ms) after every notification it
+// runs follow-up rounds, the next at once after one that moved rows and
+// Config.FollowUp (5ms) after one that found none: producers leave their
 // notification out when one into the same queue has just notified and committed
 // (outbox Config.NotifyCooldown), and these rounds move their tasks.
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,6 +135,44 @@ func TestSkippedNotificationsRelayed(t *testing.T) {
 	// Counted after: the marker would wake the relay.
 	if n := l.count(t, b, "q"); n != 1 {
 		t.Fatalf("%d notifications for q, want 1: the others within the cooldown leave theirs out", n)
+	}
+}
+
+// TestFollowUpAtOnceAfterRows: a follow-up round that moved rows is followed by
+// the next at once, not after FollowUp: a task committed, its notification left
+// out, while the round in hand was still writing reaches Redis long before the
+// 10 s FollowUp.
+func TestFollowUpAtOnceAfterRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ob := newOutbox(t, outbox.Config{NotifyCooldown: time.Hour})
+	held, release := make(chan struct{}), make(chan struct{})
+	var rounds atomic.Int32
+	hook := func() error {
+		if rounds.Add(1) == 1 {
+			close(held)
+			select {
+			case <-release:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		return nil
+	}
+	cfg := relay.WithAfterEnqueue(relay.Config{PollInterval: time.Minute, FollowUp: 10 * time.Second, FollowUpFor: 20 * time.Second}, hook)
+	b.start(t, cfg)
+	l := b.listen(t)
+	b.commitNow(t, ob, "q", "first") // notifies, and wakes the relay
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no round moved the first task")
+	}
+	b.commitNow(t, ob, "q", "second") // leaves its notification out: first committed
+	close(release)
+	d := b.waitReady(t, 3*time.Second, "q", "first", "second")
+	t.Logf("second in Redis %v after the first round's release", d)
+	if n := l.count(t, b, "q"); n != 1 {
+		t.Fatalf("%d notifications for q, want 1: second must have left its own out", n)
 	}
 }
 

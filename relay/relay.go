@@ -144,8 +144,9 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // relayLoop runs rounds: at once after a full one, else after a notification, when
 // the next pending row comes within the horizon, or after the poll interval; and
-// every FollowUp for FollowUpFor after a notification, for the tasks whose enqueue
-// left its notification out (outbox Config.NotifyCooldown).
+// for FollowUpFor after a notification, for the tasks whose enqueue left its
+// notification out (outbox Config.NotifyCooldown), at once after a round that
+// moved rows and FollowUp after one that found none.
 func (r *Relay) relayLoop(ctx context.Context) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
 	var followUntil time.Time // the follow-up of the last notification ends then
@@ -161,8 +162,20 @@ func (r *Relay) relayLoop(ctx context.Context) {
 		if n == r.cfg.BatchSize {
 			continue
 		}
+		following := time.Until(followUntil) > 0
+		if following && n > 0 {
+			// Producers are active: the next round at once finds the rows
+			// committed during this one soonest. Each such round moves a row or
+			// more, so this costs at most a round a row; an empty one waits.
+			select {
+			case <-r.wake:
+				followUntil = time.Now().Add(r.cfg.FollowUpFor)
+			default:
+			}
+			continue
+		}
 		wait := r.cfg.FollowUp
-		if time.Until(followUntil) <= 0 {
+		if !following {
 			wait = r.cfg.PollInterval
 			if d, err := r.untilNext(ctx); err == nil && d < wait {
 				wait = d
