@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -173,6 +175,50 @@ func TestFollowUpAtOnceAfterRows(t *testing.T) {
 	t.Logf("second in Redis %v after the first round's release", d)
 	if n := l.count(t, b, "q"); n != 1 {
 		t.Fatalf("%d notifications for q, want 1: second must have left its own out", n)
+	}
+}
+
+// TestRoundsKeepTheirConnection: while producers are active the relay's rounds
+// run on the connection the loop keeps, not one acquired from the pool a round.
+func TestRoundsKeepTheirConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := testenv.Pool(t, b.url)
+	reg := prometheus.NewRegistry()
+	rl, err := relay.New(pool, b.dq, relay.Config{PollInterval: time.Minute, ReapInterval: -1, Retention: -1,
+		StatsInterval: -1, RepairRate: -1, Registerer: reg, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	b.commitNow(t, b.ob, "warm", "a")
+	b.waitReady(t, 10*time.Second, "warm", "a")
+
+	// A steady stream: a notification every 25ms at most, follow-up rounds between.
+	before := pool.Stat().AcquireCount()
+	ids := make([]string, 200)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("t%03d", i)
+		b.commitNow(t, b.ob, "q", ids[i])
+	}
+	b.waitReady(t, 10*time.Second, "q", ids...)
+	acquired := pool.Stat().AcquireCount() - before
+	running := running{Relay: rl, reg: reg}
+	rounds := running.metric(t, "delayq_relay_batch_duration_seconds")
+	t.Logf("%v rounds moved rows, %d acquires from the pool", rounds, acquired)
+	if rounds < 10 {
+		t.Fatalf("%v rounds moved the 200 tasks: too few to tell", rounds)
+	}
+	if float64(acquired) > rounds/2 {
+		t.Errorf("%d acquires for %v rounds that moved rows: the loop should keep its connection", acquired, rounds)
 	}
 }
 

@@ -44,9 +44,10 @@ type Relay struct {
 	heal healState
 }
 
-// DB is what a Relay needs of Postgres: statements, transactions (its rounds,
-// reconcile's repairs) and connections it holds (LISTEN, the healing leader's
-// advisory lock). *pgxpool.Pool satisfies it, and so does a wrapper of one.
+// DB is what a Relay needs of Postgres: statements, transactions (reconcile's
+// repairs) and connections it holds (its rounds while they follow one another,
+// LISTEN, the healing leader's advisory lock). *pgxpool.Pool satisfies it, and so
+// does a wrapper of one.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -147,12 +148,26 @@ func (r *Relay) Run(ctx context.Context) error {
 // for FollowUpFor after a notification, for the tasks whose enqueue left its
 // notification out (outbox Config.NotifyCooldown), at once after a round that
 // moved rows and FollowUp after one that found none.
+//
+// The loop keeps its connection while rounds follow one another and gives it back
+// to the pool before a longer wait: a round under load neither waits for a
+// connection the relay's other loops hold (the pool is 4 by default) nor for one
+// the pool has to open.
 func (r *Relay) relayLoop(ctx context.Context) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
 	var followUntil time.Time // the follow-up of the last notification ends then
+	var conn *pgxpool.Conn    // held between rounds that follow one another
+	release := func() {
+		if conn != nil {
+			conn.Release() // the pool closes it if the round left it broken
+			conn = nil
+		}
+	}
+	defer release()
 	for ctx.Err() == nil {
-		n, err := r.round(ctx)
+		n, err := r.round(ctx, &conn)
 		if err != nil {
+			release()
 			if !sleep(ctx, bo.next()) {
 				return
 			}
@@ -176,6 +191,7 @@ func (r *Relay) relayLoop(ctx context.Context) {
 		}
 		wait := r.cfg.FollowUp
 		if !following {
+			release()
 			wait = r.cfg.PollInterval
 			if d, err := r.untilNext(ctx); err == nil && d < wait {
 				wait = d
@@ -214,14 +230,22 @@ type row struct {
 // round moves one batch: lock due rows and mark them queued (one statement),
 // enqueue them in Redis in one pipelined round trip, commit. It returns the number of rows
 // selected. On an error nothing is committed: the rows stay pending and the next
-// round moves them again, which Redis reports as duplicates.
-func (r *Relay) round(ctx context.Context) (int, error) {
+// round moves them again, which Redis reports as duplicates. It runs on *conn,
+// acquiring one from the pool into it when it is nil; the caller releases it.
+func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 	// The round in hand is finished even when ctx ends.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.RoundTimeout)
 	defer cancel()
 	start := time.Now()
 
-	tx, err := r.pool.Begin(ctx)
+	if *conn == nil {
+		c, err := r.pool.Acquire(ctx)
+		if err != nil {
+			return 0, r.pgErr(errPostgres, "acquire a connection", err)
+		}
+		*conn = c
+	}
+	tx, err := (*conn).Begin(ctx)
 	if err != nil {
 		return 0, r.pgErr(errPostgres, "begin", err)
 	}
