@@ -70,12 +70,18 @@ func (b testBundle) start(t *testing.T, cfg relay.Config) running {
 
 func (b testBundle) startDQ(t *testing.T, dq *delayq.Client, cfg relay.Config) running {
 	t.Helper()
+	return startOn(t, testenv.Pool(t, b.url), dq, cfg)
+}
+
+// startOn runs a relay on pool and dq until the test ends, as start does.
+func startOn(t *testing.T, pool relay.DB, dq *delayq.Client, cfg relay.Config) running {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
-	rl, err := relay.New(testenv.Pool(t, b.url), dq, cfg)
+	rl, err := relay.New(pool, dq, cfg)
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -184,21 +183,8 @@ func TestRoundsKeepTheirConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool := testenv.Pool(t, b.url)
-	reg := prometheus.NewRegistry()
-	rl, err := relay.New(pool, b.dq, relay.Config{PollInterval: time.Minute, ReapInterval: -1, Retention: -1,
-		StatsInterval: -1, RepairRate: -1, Registerer: reg, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(ctxT(t))
-	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	rl := startOn(t, pool, b.dq, relay.Config{PollInterval: time.Minute, ReapInterval: -1, Retention: -1,
+		StatsInterval: -1, RepairRate: -1})
 	b.commitNow(t, b.ob, "warm", "a")
 	b.waitReady(t, 10*time.Second, "warm", "a")
 
@@ -211,8 +197,7 @@ func TestRoundsKeepTheirConnection(t *testing.T) {
 	}
 	b.waitReady(t, 10*time.Second, "q", ids...)
 	acquired := pool.Stat().AcquireCount() - before
-	running := running{Relay: rl, reg: reg}
-	rounds := running.metric(t, "delayq_relay_batch_duration_seconds")
+	rounds := rl.metric(t, "delayq_relay_batch_duration_seconds")
 	t.Logf("%v rounds moved rows, %d acquires from the pool", rounds, acquired)
 	if rounds < 10 {
 		t.Fatalf("%v rounds moved the 200 tasks: too few to tell", rounds)
