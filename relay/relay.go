@@ -156,7 +156,12 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) relayLoop(ctx context.Context) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
 	var followUntil time.Time // the follow-up of the last notification ends then
-	var conn *pgxpool.Conn    // held between rounds that follow one another
+	woken := func() {
+		if r.cfg.FollowUpFor > 0 {
+			followUntil = time.Now().Add(r.cfg.FollowUpFor)
+		}
+	}
+	var conn *pgxpool.Conn // held between rounds that follow one another
 	release := func() {
 		if conn != nil {
 			conn.Release() // the pool closes it if the round left it broken
@@ -184,7 +189,7 @@ func (r *Relay) relayLoop(ctx context.Context) {
 			// more, so this costs at most a round a row; an empty one waits.
 			select {
 			case <-r.wake:
-				followUntil = time.Now().Add(r.cfg.FollowUpFor)
+				woken()
 			default:
 			}
 			continue
@@ -204,9 +209,7 @@ func (r *Relay) relayLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-r.wake:
-			if r.cfg.FollowUpFor > 0 {
-				followUntil = time.Now().Add(r.cfg.FollowUpFor)
-			}
+			woken()
 		case <-t.C:
 		}
 		t.Stop()
