@@ -183,8 +183,13 @@ func TestRoundsKeepTheirConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool := testenv.Pool(t, b.url)
+	// FollowUpFor far above a commit's latency: the rounds follow one another for
+	// the whole stream even when this machine's disk stalls a commit for 100 ms or
+	// more (with the default 100 ms, one such stall ended the follow-up, and the
+	// idle wait and the next round took connections of their own: the test failed
+	// on the disk, not on the loop).
 	rl := startOn(t, pool, b.dq, relay.Config{PollInterval: time.Minute, ReapInterval: -1, Retention: -1,
-		StatsInterval: -1, RepairRate: -1})
+		StatsInterval: -1, RepairRate: -1, FollowUpFor: 5 * time.Second})
 	b.commitNow(t, b.ob, "warm", "a")
 	b.waitReady(t, 10*time.Second, "warm", "a")
 
