@@ -73,6 +73,7 @@ type system struct {
 	queues              []string
 	doneRetention       time.Duration  // delayq.Config.DoneRetention of every component (0: the default)
 	groupCommit         int            // worker.GroupCommit.MaxTasks of every worker (0: off)
+	shards              int            // the shard count of the queues (0: unsharded)
 	admin               *pgxpool.Pool  // producer and checker
 	rdb                 *redis.Client  // on directURL
 	dq                  *delayq.Client // on rdb
@@ -142,6 +143,7 @@ func (s *system) shardQueues(ctx context.Context, n int) {
 	if n < 2 {
 		return
 	}
+	s.shards = n
 	for _, q := range s.queues {
 		c, err := s.ob.SetQueueShards(ctx, s.admin, q, n)
 		if err != nil {

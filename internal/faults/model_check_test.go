@@ -114,6 +114,7 @@ func (m *model) check(ctx context.Context) {
 		}
 	}
 	m.checkRedis(ctx, v, rows)
+	m.checkControls(v, runs)
 	incs, err := reconcile.Check(ctx, s.admin, s.dq, reconcile.Options{Queues: modelQueues, Grace: -1})
 	if err != nil {
 		t.Errorf("reconcile.Check: %v", err)

@@ -83,6 +83,7 @@ type model struct {
 	st      taskstate.Statements
 
 	kills  []time.Time    // when a worker was SIGKILLed
+	spans  []controlSpan  // the pauses and rate limits applied, by the Redis clock
 	ops    map[string]int // operations applied, by name
 	oplog  []string
 	faults []string // model-level faults found while generating
@@ -146,6 +147,10 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"worker-kill", 2, m.opWorkerKill},
 		{"relay-kill", 2, m.opRelayKill},
 		{"redis-flush", 2, m.opFlush},
+		{"redis-loss-relay-down", 1, m.opRedisLossRelayDown},
+		{"held-open", 4, m.opHeldOpen},
+		{"pause", 2, m.opPause},
+		{"rate-limit", 2, m.opRateLimit},
 		{"wait", 10, m.opWait},
 	}
 	total := 0

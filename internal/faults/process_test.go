@@ -293,6 +293,12 @@ type fleet struct {
 
 	mu     sync.Mutex
 	points []string // where the self-killed processes died
+
+	// down, while not nil, keeps the supervisors from starting processes until
+	// it is closed (holdDown, release). Spawns take spawnMu, so that none slips
+	// in between holdDown's check and its kills.
+	spawnMu sync.Mutex
+	down    chan struct{}
 }
 
 func (s *system) startFleet(role string, n int, plans ...string) *fleet {
@@ -319,13 +325,29 @@ func (f *fleet) supervise(ctx context.Context, i int, sl *atomic.Pointer[child])
 		case dieAt = <-f.plans:
 		default:
 		}
+		f.spawnMu.Lock()
+		if down := f.down; down != nil {
+			f.spawnMu.Unlock()
+			if dieAt != "" {
+				f.plans <- dieAt
+			}
+			select {
+			case <-down:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
 		name := fmt.Sprintf("%s%d-%d", f.role, i, life)
 		c, err := f.s.spawn(f.role, name, dieAt)
+		if err == nil {
+			sl.Store(c)
+		}
+		f.spawnMu.Unlock()
 		if err != nil {
 			f.s.t.Errorf("start %s: %v", name, err)
 			return
 		}
-		sl.Store(c)
 		select {
 		case <-c.done:
 		case <-ctx.Done():
@@ -351,6 +373,34 @@ func (f *fleet) supervise(ctx context.Context, i int, sl *atomic.Pointer[child])
 			return
 		}
 	}
+}
+
+// holdDown SIGKILLs every process of the fleet and starts none until release:
+// when it returns, none runs.
+func (f *fleet) holdDown() {
+	f.spawnMu.Lock()
+	if f.down == nil {
+		f.down = make(chan struct{})
+	}
+	f.spawnMu.Unlock()
+	for _, sl := range f.slots {
+		if c := sl.Load(); c != nil {
+			if c.kill() {
+				f.kills.Add(1)
+			}
+			<-c.done
+		}
+	}
+}
+
+// release lets the supervisors start processes again after holdDown.
+func (f *fleet) release() {
+	f.spawnMu.Lock()
+	if f.down != nil {
+		close(f.down)
+		f.down = nil
+	}
+	f.spawnMu.Unlock()
 }
 
 // killRandom SIGKILLs the process of a random slot (its supervisor starts a new

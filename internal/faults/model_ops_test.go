@@ -1,0 +1,204 @@
+package faults
+
+// The model's operations added after it was written (issue 29, deliverable 7):
+// queue controls (pause, resume and rate limits, checked against every run's
+// claim time), enqueues whose transactions stay open after a notifier's commit
+// (the producer's notification cooldown), and a Redis loss while no relay runs.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/outbox"
+)
+
+// controlSpan is a time a queue's controls held, by the Redis clock: from just
+// after the write that set them reached Redis to just before the write that
+// lifted them.
+type controlSpan struct {
+	queue    string
+	from, to time.Time
+	paused   bool
+	rate     outbox.RateLimit // Limit 0 while paused
+}
+
+// redisNow is the Redis clock, the one claims are timed by.
+func (m *model) redisNow(ctx context.Context) time.Time {
+	now, err := m.s.rdb.Time(ctx).Result()
+	if err != nil {
+		m.s.t.Fatalf("Redis TIME: %v", err)
+	}
+	return now
+}
+
+// setControls writes a queue's controls through the documented order: Postgres
+// (the truth) commits, then Redis's versioned copy.
+func (m *model) setControls(ctx context.Context, q string, paused bool, rate outbox.RateLimit) {
+	ctl, err := m.s.ob.PauseQueue(ctx, m.s.admin, q)
+	if !paused {
+		ctl, err = m.s.ob.ResumeQueue(ctx, m.s.admin, q)
+	}
+	if err != nil {
+		m.s.t.Fatalf("pause %s %v: %v", q, paused, err)
+	}
+	if ctl, err = m.s.ob.SetQueueRateLimit(ctx, m.s.admin, q, rate); err != nil {
+		m.s.t.Fatalf("rate limit %s: %v", q, err)
+	}
+	if _, err := m.s.dq.SetControls(ctx, q, ctl.Version, delayq.Controls{Paused: ctl.Paused, Rate: ctl.Rate}); err != nil {
+		m.s.t.Fatalf("mirror the controls of %s: %v", q, err)
+	}
+}
+
+// opPause pauses a queue for 0.3-1.5 s, then resumes it. No claim of the queue
+// may fall inside the pause (checkControls).
+func (m *model) opPause(ctx context.Context) {
+	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	hold := time.Duration(300+m.rng.IntN(1200)) * time.Millisecond
+	m.setControls(ctx, q, true, outbox.RateLimit{})
+	sp := controlSpan{queue: q, from: m.redisNow(ctx), paused: true}
+	pause(ctx, hold)
+	sp.to = m.redisNow(ctx)
+	m.setControls(ctx, q, false, outbox.RateLimit{})
+	m.spans = append(m.spans, sp)
+	m.logf(nil, "pause %s for %v", q, hold)
+}
+
+// opRateLimit limits a queue's starts for 1-2.5 s, then lifts the limit. No
+// window of a period may hold more claims than the limit allows (checkControls).
+func (m *model) opRateLimit(ctx context.Context) {
+	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	rate := outbox.RateLimit{Limit: 5 + m.rng.IntN(20), Period: time.Second, Burst: 1 + m.rng.IntN(4)}
+	hold := time.Duration(1000+m.rng.IntN(1500)) * time.Millisecond
+	m.setControls(ctx, q, false, rate)
+	sp := controlSpan{queue: q, from: m.redisNow(ctx), rate: rate}
+	// A backlog due now, more than the limit lets start in the hold: without the
+	// limit the workers would claim it at once.
+	start := time.Now()
+	for range rate.Burst + rate.Limit + 3 {
+		m.enqueueOne(ctx, q, 0, true)
+	}
+	pause(ctx, hold-time.Since(start))
+	sp.to = m.redisNow(ctx)
+	m.setControls(ctx, q, false, outbox.RateLimit{})
+	m.spans = append(m.spans, sp)
+	m.logf(nil, "rate limit %s %d per %v burst %d for %v", q, rate.Limit, rate.Period, rate.Burst, hold)
+}
+
+// opHeldOpen commits an enqueue at once (it notifies the relay), then, a few
+// milliseconds later, enqueues into the same queue in a transaction held open
+// for up to 2 s: within the producer's cooldown its statement may leave its
+// notification out, and the task must reach Redis all the same.
+func (m *model) opHeldOpen(ctx context.Context) {
+	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	m.enqueueOne(ctx, q, 0, false)
+	pause(ctx, time.Duration(m.rng.IntN(15))*time.Millisecond)
+	m.enqueueOne(ctx, q, time.Duration(m.rng.IntN(2000))*time.Millisecond, false)
+}
+
+// enqueueOne commits one new task of q (due now, or at a random delay), through
+// Enqueue (the path with the notification cooldown), after holding its
+// transaction open for hold.
+func (m *model) enqueueOne(ctx context.Context, q string, hold time.Duration, now bool) {
+	m.nextID++
+	t := &mtask{q: q, id: fmt.Sprintf("h%04d", m.nextID)}
+	d, what := m.delay()
+	if now {
+		d, what = 0, "now"
+	}
+	ma := 2 + m.rng.IntN(4)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tx, err := m.s.admin.Begin(ctx)
+	if err != nil {
+		m.s.t.Fatalf("begin: %v", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after the commit
+	r, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: q, ID: t.id, Payload: modelPayload(1), Delay: d, MaxAttempts: ma, Priority: modelPriority(t.id)})
+	if err != nil {
+		m.s.t.Fatalf("enqueue %s: %v", t.key(), err)
+	}
+	pause(ctx, hold)
+	if err := tx.Commit(ctx); err != nil {
+		m.s.t.Fatalf("commit: %v", err)
+	}
+	m.tasks[t.key()] = t
+	m.order = append(m.order, t)
+	if r.Duplicate {
+		m.violation(t, "new task reported a duplicate")
+		return
+	}
+	m.begin(t, ma, r.RunAt)
+	m.logf(t, "enqueue %s delay %v (%s) max %d, held open %v: run_at %s", t.key(), d, what, ma, hold, stamp(r.RunAt))
+}
+
+// opRedisLossRelayDown loses Redis's data while no relay runs, commits tasks
+// (and maybe a reschedule) meanwhile, then starts the relay again. Nothing
+// reconciles: the relay's self-healing must find the loss and repair Redis, and
+// its first rounds must put the new tasks where claims look for them (a sharded
+// queue's tasks in their own shards).
+func (m *model) opRedisLossRelayDown(ctx context.Context) {
+	m.relays.holdDown()
+	if err := m.s.rdb.FlushAll(ctx).Err(); err != nil {
+		m.s.t.Fatalf("FLUSHALL: %v", err)
+	}
+	for _, t := range m.order {
+		t.flushed = true
+	}
+	m.logf(nil, "relay held down; Redis FLUSHALL")
+	for range 1 + m.rng.IntN(3) {
+		m.opEnqueue(ctx)
+	}
+	if m.rng.IntN(2) == 0 {
+		m.opReschedule(ctx)
+	}
+	pause(ctx, time.Duration(100+m.rng.IntN(400))*time.Millisecond)
+	m.relays.release()
+	m.logf(nil, "relay released")
+}
+
+// checkControls finds the runs claimed against the controls that held then: any
+// claim inside a pause, or more claims in a window of one period than the limit
+// allows (GCRA: Burst + Limit a period; each of a sharded queue's n shards takes
+// Limit/n a period with a burst of at least 1).
+func (m *model) checkControls(v *violations, runs map[key][]modelRun) {
+	claims := map[string][]time.Time{}
+	for k, rs := range runs {
+		for _, r := range rs {
+			claims[k.queue] = append(claims[k.queue], r.claimedAt)
+		}
+	}
+	for _, c := range claims {
+		slices.SortFunc(c, func(a, b time.Time) int { return a.Compare(b) })
+	}
+	shards := max(m.s.shards, 1)
+	for _, sp := range m.spans {
+		var in []time.Time
+		for _, at := range claims[sp.queue] {
+			if at.After(sp.from) && at.Before(sp.to) {
+				in = append(in, at)
+			}
+		}
+		if sp.paused {
+			if len(in) > 0 {
+				v.add("controls", "%s paused %s..%s: %d claims in the pause, the first at %s",
+					sp.queue, stamp(sp.from), stamp(sp.to), len(in), stamp(in[0]))
+			}
+			continue
+		}
+		allowed := max(sp.rate.Burst, shards) + sp.rate.Limit
+		for i := range in {
+			j := i
+			for j < len(in) && in[j].Sub(in[i]) < sp.rate.Period {
+				j++
+			}
+			if j-i > allowed {
+				v.add("controls", "%s limited to %d per %v (burst %d) %s..%s: %d claims within %v of %s",
+					sp.queue, sp.rate.Limit, sp.rate.Period, sp.rate.Burst, stamp(sp.from), stamp(sp.to), j-i, sp.rate.Period, stamp(in[i]))
+				break
+			}
+		}
+	}
+}
