@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
 )
@@ -80,6 +81,7 @@ type model struct {
 	nextID  int
 	relays  *fleet
 	workers *fleet
+	pg      *tempserver.Postgres // the model's own server, which opPostgresCrash kills
 	st      taskstate.Statements
 
 	kills  []time.Time    // when a worker was SIGKILLed
@@ -151,6 +153,7 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"held-open", 4, m.opHeldOpen},
 		{"pause", 2, m.opPause},
 		{"rate-limit", 2, m.opRateLimit},
+		{"postgres-crash", 1, m.opPostgresCrash},
 		{"wait", 10, m.opWait},
 	}
 	total := 0
@@ -332,10 +335,13 @@ func (m *model) opRollback(ctx context.Context) {
 // horizon. In the same transaction it reads the new version and the attempts
 // the row carries into it.
 func (m *model) opReschedule(ctx context.Context) {
-	t := m.pick(func(t *mtask) bool { return t.k == kOpen || t.k == kMaybeGone })
-	if t == nil {
-		return
+	if t := m.pick(func(t *mtask) bool { return t.k == kOpen || t.k == kMaybeGone }); t != nil {
+		m.reschedule(ctx, t)
 	}
+}
+
+// reschedule moves t to a random due time.
+func (m *model) reschedule(ctx context.Context, t *mtask) {
 	d, what := m.delay()
 	runAt := time.Now().Add(d)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

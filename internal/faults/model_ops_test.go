@@ -202,3 +202,45 @@ func (m *model) checkControls(v *violations, runs map[key][]modelRun) {
 		}
 	}
 }
+
+// opPostgresCrash commits a task due within the horizon, waits for the relay to
+// queue it (its round commits without waiting for the disk), SIGKILLs every
+// Postgres process and starts the server again (crash recovery may lose the
+// round), then reschedules the task. The relay moves a lost round's rows again,
+// and the reschedule's new version must replace the copy in Redis either way.
+func (m *model) opPostgresCrash(ctx context.Context) {
+	m.enqueueOne(ctx, modelQueues[m.rng.IntN(len(modelQueues))], 0, false)
+	t := m.order[len(m.order)-1]
+	queued := false
+	for range 40 {
+		var st string
+		if err := m.s.admin.QueryRow(ctx, `SELECT state FROM delayq_outbox WHERE queue = $1 AND task_id = $2`, t.q, t.id).Scan(&st); err != nil {
+			m.s.t.Fatalf("read %s: %v", t.key(), err)
+		}
+		if queued = st != "pending"; queued || !pause(ctx, 50*time.Millisecond) {
+			break
+		}
+	}
+	crashed := time.Now()
+	m.pg.Kill()
+	if err := m.pg.Start(ctx); err != nil {
+		m.s.t.Fatalf("start Postgres after the crash: %v", err)
+	}
+	m.s.admin.Reset() // its connections died with the server
+	for i := 0; ; i++ {
+		err := m.s.admin.Ping(ctx)
+		if err == nil {
+			break
+		}
+		if i == 100 || !pause(ctx, 100*time.Millisecond) {
+			m.s.t.Fatalf("Postgres after the crash: %v", err)
+		}
+	}
+	// Runs in flight failed on the crash with outcomes the plan did not choose:
+	// the model takes it as it takes a worker's SIGKILL.
+	m.kills = append(m.kills, crashed)
+	m.logf(t, "Postgres crash (task queued first: %v), restarted in %v", queued, time.Since(crashed).Round(time.Millisecond))
+	if t.k == kOpen {
+		m.reschedule(ctx, t)
+	}
+}

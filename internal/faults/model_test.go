@@ -353,7 +353,8 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 		}
 	})
 	own := testenv.OwnRedis(t)
-	s := newSystem(t, "model", testenv.PostgresURL(t), own.URL())
+	pg := testenv.OwnPostgres(t) // opPostgresCrash kills it
+	s := newSystem(t, "model", pg.URL(), own.URL())
 	s.prefix, s.queues = modelPrefix, modelQueues
 	var err error
 	if s.dq, err = newDelayq(s.rdb, s.prefix, 0); err != nil {
@@ -368,7 +369,16 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	if _, err := s.admin.Exec(ctx, `INSERT INTO model_config VALUES ($1::text::numeric)`, strconv.FormatUint(seed, 10)); err != nil {
 		t.Fatal(err)
 	}
+	// The WAL writer flushes the relay's asynchronous commits every
+	// wal_writer_delay: at its longest, a crash right after a round finds the
+	// round unflushed (opPostgresCrash).
+	for _, q := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `SELECT pg_reload_conf()`} {
+		if _, err := s.admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m := newModel(s, seed)
+	m.pg = pg
 	m.relays = s.startFleet(modelRelayRole, 1)
 	m.workers = s.startFleet(modelWorkerRole, 2)
 	m.generate(ctx, opsTime)
