@@ -10,15 +10,28 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayq/delayq/internal/ctlwrite"
 	"github.com/delayq/delayq/internal/validate"
 )
+
+func init() {
+	ctlwrite.Write = func(ctx context.Context, client any, queue string, version int64, c ctlwrite.Controls) (bool, error) {
+		dq, ok := client.(*Client)
+		if !ok || dq == nil {
+			return false, fmt.Errorf("%w: controls write: client %T, want *delayq.Client", ErrInvalidArgument, client)
+		}
+		return dq.setControls(ctx, queue, version, Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards})
+	}
+}
 
 // RateLimit caps the starts of one queue across every worker: at most Limit per
 // Period, up to Burst at once; Limit 0 is no limit. The claim script enforces it
 // by the Redis clock (GCRA), so the number of workers does not matter.
 type RateLimit = validate.RateLimit
 
-// Controls are a queue's controls as Redis mirrors them from Postgres.
+// Controls are a queue's controls as Redis holds them, a versioned copy of
+// Postgres's (the truth). Read them with Client.Controls; change them with
+// package control, which writes Postgres and then this copy.
 type Controls struct {
 	// Paused: no worker claims from the queue.
 	Paused bool
@@ -28,21 +41,22 @@ type Controls struct {
 	// Shards splits the queue's Redis keys into this many shards (1..MaxShards),
 	// each in a Cluster slot of its own (ShardKeys): a queue too busy for one
 	// Redis master spreads over several. Each task keeps to its shard (ShardOf);
-	// claims take from every shard. In SetControls, 0 keeps the count Redis holds
-	// (so a caller that sets only a pause cannot fold a sharded queue into one
-	// shard); Controls reports 0 for a queue of one shard.
+	// claims take from every shard. In a write, 0 keeps the count Redis holds;
+	// Controls reports 0 for a queue of one shard.
 	Shards int
 }
 
-// SetControls mirrors a queue's controls into Redis: while Paused, the claim
+// setControls writes a queue's controls into Redis: while Paused, the claim
 // script claims nothing from the queue, on every worker, from the next claim on
 // (due tasks keep their due times and run when the queue is resumed); Rate caps
 // its starts. A resume, or a changed limit, wakes sleeping workers. version is
-// the version of the queue's controls in Postgres (the truth:
-// outbox.Client.PauseQueue and SetQueueRateLimit return it); a version not newer
-// than the one Redis holds changes nothing, and applied is false (for a sharded
-// queue: than the one every shard holds; the shards behind are brought up).
-func (c *Client) SetControls(ctx context.Context, queue string, version int64, ctl Controls) (applied bool, err error) {
+// the version of the queue's controls in Postgres (the truth); a version not
+// newer than the one Redis holds changes nothing, and applied is false (for a
+// sharded queue: than the one every shard holds; the shards behind are brought
+// up). Its only callers are internal/queuectl's operations and its repair, through
+// ctlwrite.Write: a write not preceded by Postgres's would be undone by the next
+// sync, or would hold a version Postgres reuses for other controls.
+func (c *Client) setControls(ctx context.Context, queue string, version int64, ctl Controls) (applied bool, err error) {
 	if err := validate.Queue(queue); err != nil {
 		return false, err
 	}

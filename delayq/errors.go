@@ -14,7 +14,7 @@ var (
 	// ErrInvalidPrefix reports a bad key prefix in Config.
 	ErrInvalidPrefix = validate.ErrInvalidPrefix
 	// ErrInvalidRateLimit reports a rate limit out of its bounds (same value as in
-	// outbox and validate); SetControls wraps it in ErrInvalidArgument.
+	// outbox and validate); the controls write wraps it in ErrInvalidArgument.
 	ErrInvalidRateLimit = validate.ErrInvalidRateLimit
 
 	// ErrInvalidConfig reports a Config that does not validate.

@@ -3,7 +3,6 @@ package outbox
 import (
 	"errors"
 
-	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -38,9 +37,6 @@ var (
 	// ErrInvalidPriority reports a Task.Priority outside 0..9 (same value as in
 	// delayq).
 	ErrInvalidPriority = validate.ErrInvalidPriority
-	// ErrInvalidShards reports a queue shard count outside 1..64
-	// (delayq.MaxShards), given to SetQueueShards.
-	ErrInvalidShards = validate.ErrInvalidShards
 	// ErrInvalidConfig reports an invalid Config field, or an invalid argument to a
 	// worker-side call (version, attempt).
 	ErrInvalidConfig = errors.New("invalid outbox config")
@@ -59,10 +55,3 @@ var (
 	// again, or edited by someone else. Read it again and redo the edit.
 	ErrStale = errors.New("task changed since it was read")
 )
-
-// ErrQueueNotEmpty reports a SetQueueShards refused because the queue still has
-// a pending, queued or dead task: its tasks keep to the shards of the count they
-// were moved with, so the count changes only while the queue is empty. Nothing
-// was written. Let the tasks run or cancel them, purge the dead ones (or retry
-// them and let them run), and try again.
-var ErrQueueNotEmpty = taskstate.ErrQueueNotEmpty

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,9 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/control"
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
 )
 
@@ -87,11 +85,11 @@ func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args 
 	if !paused {
 		state = "resumed"
 	}
-	return setControls(ctx, m, &conn, queue, action, func(ob *outbox.Client, pool *pgxpool.Pool, _ *delayq.Client) (outbox.QueueControl, error) {
+	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
 		if paused {
-			return ob.PauseQueue(ctx, pool, queue)
+			return q.Pause(ctx, queue)
 		}
-		return ob.ResumeQueue(ctx, pool, queue)
+		return q.Resume(ctx, queue)
 	}, queue+" "+state)
 }
 
@@ -119,8 +117,8 @@ func runQueueLimit(ctx context.Context, m *Main, args []string) error {
 	if err := rate.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	return setControls(ctx, m, &conn, queue, "limit", func(ob *outbox.Client, pool *pgxpool.Pool, _ *delayq.Client) (outbox.QueueControl, error) {
-		return ob.SetQueueRateLimit(ctx, pool, queue, rate)
+	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
+		return q.SetRateLimit(ctx, queue, rate)
 	}, queue+" rate limit "+rate.String())
 }
 
@@ -156,43 +154,9 @@ func runQueueShards(ctx context.Context, m *Main, args []string) error {
 	if err := validate.Shards(n); err != nil {
 		return usagef("%v", err)
 	}
-	return setControls(ctx, m, &conn, queue, "shards", func(ob *outbox.Client, pool *pgxpool.Pool, dq *delayq.Client) (outbox.QueueControl, error) {
-		return setQueueShards(ctx, ob, pool, dq, queue, n)
+	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
+		return q.SetShards(ctx, queue, n)
 	}, fmt.Sprintf("%s shards %d", queue, n))
-}
-
-// setQueueShards checks that Redis holds no task of queue, then sets its shard
-// count in Postgres, which refuses as long as a row of the queue is pending,
-// queued or dead. The count the queue has already is set again without a check
-// (a no-op that lets the mirror be repaired).
-func setQueueShards(ctx context.Context, ob *outbox.Client, pool *pgxpool.Pool, dq *delayq.Client, queue string, n int) (outbox.QueueControl, error) {
-	ctls, err := ob.QueueControls(ctx, pool)
-	if err != nil {
-		return outbox.QueueControl{}, err
-	}
-	current := 1
-	for _, c := range ctls {
-		if c.Queue == queue {
-			current = c.Shards
-		}
-	}
-	if current != n {
-		st, err := dq.Stats(ctx, queue)
-		if err != nil {
-			return outbox.QueueControl{}, err
-		}
-		if held := st.Ready + st.Active + st.Dead; held > 0 {
-			return outbox.QueueControl{}, fmt.Errorf("%s is not empty: Redis holds %d of its tasks (%d ready, %d active, %d dead); "+
-				"change the shard count only while the queue is empty (nothing written, still %d)",
-				queue, held, st.Ready, st.Active, st.Dead, current)
-		}
-	}
-	c, err := ob.SetQueueShards(ctx, pool, queue, n)
-	if errors.Is(err, outbox.ErrQueueNotEmpty) {
-		return outbox.QueueControl{}, fmt.Errorf("%s is not empty: PostgreSQL holds pending, queued or dead tasks of it; "+
-			"change the shard count only while the queue is empty (nothing written, still %d)", queue, current)
-	}
-	return c, err
 }
 
 // parseRate reads N/PERIOD ("100/s", "6000/1m", "5/250ms"), or none (or 0).
@@ -225,10 +189,9 @@ func parseRate(s string) (validate.RateLimit, error) {
 	return r, nil
 }
 
-// setControls changes a queue's controls in Postgres first (the truth), then
-// mirrors them into Redis, keyed by their version.
-func setControls(ctx context.Context, m *Main, conn *connFlags, queue, action string,
-	write func(*outbox.Client, *pgxpool.Pool, *delayq.Client) (outbox.QueueControl, error), done string) error {
+// setControls runs one control operation (package control: Postgres, the
+// truth, then Redis's copy at the new version) and prints done.
+func setControls(ctx context.Context, m *Main, conn *connFlags, change func(*control.Queues) (control.Control, error), done string) error {
 	pool, dq, closeAll, err := openStores(ctx, conn, reconcile.Options{Schema: conn.schema}, true)
 	if err != nil {
 		return err
@@ -238,12 +201,12 @@ func setControls(ctx context.Context, m *Main, conn *connFlags, queue, action st
 	if err != nil {
 		return usagef("%v", err)
 	}
-	c, err := write(ob, pool, dq)
+	q, err := control.New(pool, ob, dq)
 	if err != nil {
 		return err
 	}
-	if _, err := dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}); err != nil {
-		return fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", action, err)
+	if _, err := change(q); err != nil {
+		return err
 	}
 	fmt.Fprintln(m.Stdout, done)
 	return nil

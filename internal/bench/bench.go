@@ -142,10 +142,7 @@ func Run(ctx context.Context, env Env, name string) (Result, error) {
 	r := Result{Workload: name, Params: map[string]any{"scale": env.Scale}, Machine: s.machine(ctx)}
 	if env.ClaimControls {
 		rate := outbox.RateLimit{Limit: 1_000_000, Period: time.Second}
-		c, err := s.ob.SetQueueRateLimit(ctx, s.pool, "bench", rate)
-		if err == nil {
-			_, err = s.dq.SetControls(ctx, "bench", c.Version, delayq.Controls{Rate: c.Rate})
-		}
+		c, err := s.setRateLimit(ctx, "bench", rate)
 		if err != nil {
 			return r, fmt.Errorf("bench %s: rate limit: %w", name, err)
 		}

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/outbox"
 )
@@ -32,11 +31,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	r.Params["workers"], r.Params["slots_per_worker"], r.Params["limit"] = rateLimitWorkers, 32, rate.String()
 	r.Params["window"], r.Params["limited_backlog"], r.Params["other_backlog"] = window.String(), limited, other
 
-	c, err := s.ob.SetQueueRateLimit(ctx, s.pool, "limited", rate)
-	if err != nil {
-		return err
-	}
-	if _, err := s.dq.SetControls(ctx, "limited", c.Version, delayq.Controls{Rate: c.Rate}); err != nil {
+	if _, err := s.setRateLimit(ctx, "limited", rate); err != nil {
 		return err
 	}
 	if err := s.fillBacklogs(ctx, queueBacklog{queue: "limited", n: limited}, queueBacklog{queue: "other", n: other}); err != nil {
@@ -74,7 +69,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 		stops = append(stops, s.background(ctx, w.Run))
 	}
 	start := time.Now()
-	err = waitFor(ctx, window+time.Minute, "the window", func() (bool, error) {
+	err := waitFor(ctx, window+time.Minute, "the window", func() (bool, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(claims) > 0 && claims[len(claims)-1].Sub(claims[0]) >= window, nil

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -122,12 +123,20 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 // setShards splits queue into n shards before any of its tasks exists: in
 // Postgres, the truth the relay mirrors, then in Redis, where the clients read it.
 func (s *session) setShards(ctx context.Context, dq *delayq.Client, queue string, n int) error {
-	c, err := s.ob.SetQueueShards(ctx, s.pool, queue, n)
-	if err != nil {
-		return err
+	c, err := queuectl.New(s.pool, dq, s.ob.Config().Schema)
+	if err == nil {
+		_, err = c.SetShards(ctx, queue, n)
 	}
-	_, err = dq.SetControls(ctx, queue, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards})
 	return err
+}
+
+// setRateLimit sets queue's rate limit in both stores.
+func (s *session) setRateLimit(ctx context.Context, queue string, rate outbox.RateLimit) (queuectl.Control, error) {
+	c, err := queuectl.New(s.pool, s.dq, s.ob.Config().Schema)
+	if err != nil {
+		return queuectl.Control{}, err
+	}
+	return c.SetRateLimit(ctx, queue, rate)
 }
 
 // shardPhase is one phase of the sharded workload: its figures' prefix, its

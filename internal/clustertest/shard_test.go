@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -47,21 +48,21 @@ func TestShardedQueue(t *testing.T) {
 // shardQueue is the sharded queue of these tests.
 const shardQueue = "hot"
 
-// setShards splits queue into n shards, before any of its tasks exists: in
-// Postgres first (the truth the relay mirrors) when pg is set, then in Redis.
+// setShards splits queue into n shards, before any of its tasks exists, with the
+// control operation: in Postgres first (the truth the relay mirrors; a database
+// of its own when pg is nil), then in Redis.
 func setShards(t testing.TB, pg *pgBundle, dq *delayq.Client, queue string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	ctl := delayq.Controls{Shards: n}
-	version := int64(1)
-	if pg != nil {
-		c, err := pg.ob.SetQueueShards(ctx, pg.pool, queue, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctl, version = delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}, c.Version
+	if pg == nil {
+		b := newPG(t)
+		pg = &b
 	}
-	if _, err := dq.SetControls(ctx, queue, version, ctl); err != nil {
+	ctl, err := queuectl.New(pg.pool, dq, pg.ob.Config().Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.SetShards(ctx, queue, n); err != nil {
 		t.Fatal(err)
 	}
 	if c, _, err := dq.Controls(ctx, queue); err != nil || c.Shards != n {

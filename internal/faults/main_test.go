@@ -20,6 +20,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -144,12 +145,12 @@ func (s *system) shardQueues(ctx context.Context, n int) {
 		return
 	}
 	s.shards = n
+	ctl, err := queuectl.New(s.admin, s.dq, s.ob.Config().Schema)
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	for _, q := range s.queues {
-		c, err := s.ob.SetQueueShards(ctx, s.admin, q, n)
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		if _, err := s.dq.SetControls(ctx, q, c.Version, delayq.Controls{Shards: n}); err != nil {
+		if _, err := ctl.SetShards(ctx, q, n); err != nil {
 			s.t.Fatal(err)
 		}
 	}

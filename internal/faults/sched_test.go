@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -18,7 +19,7 @@ func TestRateLimitedQueue(t *testing.T) {
 	s := newSystem(t, "rate-limit", testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
 	ctx := s.ctx()
 	rate := outbox.RateLimit{Limit: 40, Period: time.Second, Burst: 5}
-	c, err := s.ob.SetQueueRateLimit(ctx, s.admin, "beta", rate)
+	c, err := taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).SetRateLimit(ctx, s.admin, "beta", rate)
 	if err != nil {
 		t.Fatal(err)
 	}

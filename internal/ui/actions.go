@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
@@ -242,9 +241,8 @@ func (h *Handler) actCheck(w http.ResponseWriter, r *http.Request, p *page) {
 	h.done(w, r, h.cfg.BasePath+"/consistency", "checked")
 }
 
-// actPause pauses or resumes a queue as delayq queue pause does: Postgres first
-// (the truth), then the controls the claim script reads (the pause and the rate
-// limit, as Postgres holds them), keyed by the version.
+// actPause pauses or resumes a queue as delayq queue pause does: one control
+// operation, Postgres (the truth) then Redis's copy at the new version.
 func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request, *page) {
 	return func(w http.ResponseWriter, r *http.Request, p *page) {
 		q := r.PostForm.Get("queue")
@@ -254,17 +252,12 @@ func (h *Handler) actPause(paused bool) func(http.ResponseWriter, *http.Request,
 		}
 		ctx, cancel := ctxOf(r)
 		defer cancel()
-		set, ok := h.cfg.Outbox.ResumeQueue, "resumed"
+		set, ok := h.queues.Resume, "resumed"
 		if paused {
-			set, ok = h.cfg.Outbox.PauseQueue, "paused"
+			set, ok = h.queues.Pause, "paused"
 		}
-		c, err := set(ctx, h.cfg.DB, q)
-		if err != nil {
+		if _, err := set(ctx, q); err != nil {
 			h.fail(w, p, http.StatusBadGateway, err)
-			return
-		}
-		if _, err := h.cfg.Redis.SetControls(ctx, q, c.Version, delayq.Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards}); err != nil {
-			h.fail(w, p, http.StatusBadGateway, fmt.Errorf("%s recorded in PostgreSQL, not yet in Redis (the relay mirrors it within seconds): %w", ok, err))
 			return
 		}
 		h.done(w, r, h.cfg.BasePath+"/", ok)

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay/reconcile"
@@ -88,6 +89,7 @@ type Config struct {
 type Handler struct {
 	cfg     Config
 	browse  *taskstate.Browse
+	queues  *queuectl.Controller // the pause and resume actions
 	opts    reconcile.Options
 	tmpl    map[string]*template.Template
 	mux     *http.ServeMux
@@ -146,10 +148,13 @@ func New(cfg Config) (*Handler, error) {
 	if _, err := rand.Read(h.csrfKey); err != nil {
 		return nil, err
 	}
+	var err error
+	if h.queues, err = queuectl.New(cfg.DB, cfg.Redis, ocfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if cfg.Token != "" {
 		h.session = mac([]byte(cfg.Token), "delayq-ui-session-v1")
 	}
-	var err error
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}

@@ -5,20 +5,23 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 )
 
 // TestRestoreControlsMirrorsShards sets a queue's shard count and pause in
-// Postgres only: RestoreControls mirrors both, and a later pause or resume
+// Postgres only (taskstate's statements, as a control operation whose Redis
+// write failed leaves them): RestoreControls mirrors both, and a later pause or resume
 // mirrored the same way keeps the count (a mirror without it would fold the queue
 // into one shard).
 func TestRestoreControlsMirrorsShards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxT(t, time.Minute)
-	if _, err := b.ob.SetQueueShards(ctx, b.pool, "wide", 4); err != nil {
+	st := taskstate.New(taskstate.Config{Schema: "public"})
+	if _, err := st.SetShards(ctx, b.pool, "wide", 4); err != nil {
 		t.Fatal(err)
 	}
-	pg, err := b.ob.PauseQueue(ctx, b.pool, "wide")
+	pg, err := st.SetPaused(ctx, b.pool, "wide", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +40,7 @@ func TestRestoreControlsMirrorsShards(t *testing.T) {
 		}
 	}
 	check(true, pg.Version)
-	pg, err = b.ob.ResumeQueue(ctx, b.pool, "wide")
+	pg, err = st.SetPaused(ctx, b.pool, "wide", false)
 	if err != nil {
 		t.Fatal(err)
 	}
