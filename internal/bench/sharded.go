@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
