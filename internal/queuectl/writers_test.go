@@ -1,0 +1,93 @@
+package queuectl_test
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestOneWriterOfRedisControls scans every Go file of the module: Redis's copy of
+// the queue controls is written only by this package (its operations and
+// Restore, the relay's repair). Only package delayq (which holds the ctl script)
+// and this package import internal/ctlwrite; nothing outside package delayq calls
+// a method named SetControls or setControls, and inside it only control.go (and
+// the script's tests) runs the ctl script; queuectl.Restore is called only by relay/reconcile (the
+// relay's sync and reconcile). A caller that wrote Redis itself could write it
+// before, or without, Postgres's commit.
+func TestOneWriterOfRedisControls(t *testing.T) {
+	t.Parallel()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root %s: %v", root, err)
+	}
+	const ctlwrite = "github.com/delayq/delayq/internal/ctlwrite"
+	mayImport := map[string]bool{"delayq": true, "internal/queuectl": true, "internal/ctlwrite": true}
+	mayRestore := map[string]bool{"relay/reconcile": true, "internal/queuectl": true}
+	fset := token.NewFileSet()
+	scanned := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		dir := filepath.ToSlash(filepath.Dir(rel))
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		scanned++
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); p == ctlwrite && !mayImport[dir] {
+				t.Errorf("%s imports %s: only package delayq and internal/queuectl may", rel, p)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				name := n.Sel.Name
+				if (name == "SetControls" || name == "setControls") && dir != "delayq" {
+					t.Errorf("%s: calls %s: change controls through the control operation (package control, internal/queuectl)",
+						fset.Position(n.Pos()), name)
+				}
+				if x, ok := n.X.(*ast.Ident); ok && x.Name == "queuectl" && name == "Restore" && !mayRestore[dir] {
+					t.Errorf("%s: queuectl.Restore outside the relay's repair (relay/reconcile)", fset.Position(n.Pos()))
+				}
+			case *ast.CallExpr:
+				// Inside package delayq, the ctl script runs only in control.go (and in
+				// the script's own tests).
+				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "adminScript" && dir == "delayq" && len(n.Args) == 1 &&
+					!strings.HasSuffix(rel, "_test.go") {
+					if lit, ok := n.Args[0].(*ast.BasicLit); ok && lit.Value == `"ctl"` && filepath.Base(rel) != "control.go" {
+						t.Errorf("%s: the ctl script run outside delayq/control.go", fset.Position(n.Pos()))
+					}
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scanned < 100 {
+		t.Fatalf("scanned %d Go files under %s: the walk missed the module", scanned, root)
+	}
+}
