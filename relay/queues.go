@@ -7,11 +7,12 @@ import (
 	"github.com/delayq/delayq/relay/reconcile"
 )
 
-// ControlSyncInterval is how often the relay mirrors the queue controls (pause,
-// rate limit, shard count) from Postgres into Redis. The commands write both
-// stores themselves; this restores a mirror write that failed, or a Redis that
-// lost its data. Each write is keyed by the controls' version, so it never
-// undoes a newer change.
+// ControlSyncInterval is how often the relay writes the queue controls (pause,
+// rate limit, shard count) from Postgres into Redis's copy. The control
+// operations (package control, the CLI, the dashboard) write both stores
+// themselves; this sync is their repair: it restores a Redis write that failed
+// (control.ErrNotMirrored), or a Redis that lost its data. Each write is keyed by
+// the controls' version, so it never undoes a newer change.
 const ControlSyncInterval = 2 * time.Second
 
 // controlLoop mirrors the queue controls every ControlSyncInterval.
