@@ -90,11 +90,11 @@ func BenchmarkClaimControls(b *testing.B) {
 				ctx := context.Background()
 				switch mode {
 				case "paused-off":
-					if _, err := c.setControls(ctx, "q", 1, Controls{}); err != nil {
+					if _, err := c.SetControls(ctx, "q", 1, Controls{}); err != nil {
 						b.Fatal(err)
 					}
 				case "limited":
-					if _, err := c.setControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1_000_000_000, Period: time.Second}}); err != nil {
+					if _, err := c.SetControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1_000_000_000, Period: time.Second}}); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -10,19 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/internal/ctlwrite"
 	"github.com/delayq/delayq/internal/validate"
 )
-
-func init() {
-	ctlwrite.Write = func(ctx context.Context, client any, queue string, version int64, c ctlwrite.Controls) (bool, error) {
-		dq, ok := client.(*Client)
-		if !ok || dq == nil {
-			return false, fmt.Errorf("%w: controls write: client %T, want *delayq.Client", ErrInvalidArgument, client)
-		}
-		return dq.setControls(ctx, queue, version, Controls{Paused: c.Paused, Rate: c.Rate, Shards: c.Shards})
-	}
-}
 
 // RateLimit caps the starts of one queue across every worker: at most Limit per
 // Period, up to Burst at once; Limit 0 is no limit. The claim script enforces it
@@ -46,17 +35,22 @@ type Controls struct {
 	Shards int
 }
 
-// setControls writes a queue's controls into Redis: while Paused, the claim
+// SetControls writes Redis's copy of a queue's controls, and nothing else: use
+// package control, which commits the change in Postgres (the truth) first and
+// then calls this with the version it committed. A write here that Postgres did
+// not commit first is undone by the relay's control sync, or holds a version
+// Postgres later gives other controls; TestOneWriterOfRedisControls keeps every
+// caller in the module to internal/queuectl.
+//
+// While Paused, the claim
 // script claims nothing from the queue, on every worker, from the next claim on
 // (due tasks keep their due times and run when the queue is resumed); Rate caps
 // its starts. A resume, or a changed limit, wakes sleeping workers. version is
 // the version of the queue's controls in Postgres (the truth); a version not
 // newer than the one Redis holds changes nothing, and applied is false (for a
 // sharded queue: than the one every shard holds; the shards behind are brought
-// up). Its only callers are internal/queuectl's operations and its repair, through
-// ctlwrite.Write: a write not preceded by Postgres's would be undone by the next
-// sync, or would hold a version Postgres reuses for other controls.
-func (c *Client) setControls(ctx context.Context, queue string, version int64, ctl Controls) (applied bool, err error) {
+// up).
+func (c *Client) SetControls(ctx context.Context, queue string, version int64, ctl Controls) (applied bool, err error) {
 	if err := validate.Queue(queue); err != nil {
 		return false, err
 	}

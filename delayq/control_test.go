@@ -20,7 +20,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 	due := now.Add(-time.Second)
 	b.enqueue(t, Task{ID: "a", RunAt: due}, Task{ID: "b", RunAt: due})
 
-	if ok, err := b.c.setControls(ctx, "q", 2, Controls{Paused: true}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 2, Controls{Paused: true}); err != nil || !ok {
 		t.Fatalf("pause: %v %v", ok, err)
 	}
 	cl := b.claim(t, 10, time.Minute)
@@ -28,7 +28,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 		t.Fatalf("paused queue: claimed %d, next due %v; want none, -1 (sleep until woken)", len(cl.Tasks), cl.NextDue)
 	}
 	// An older version (a late mirror write) does not resume it.
-	if ok, err := b.c.setControls(ctx, "q", 1, Controls{}); err != nil || ok {
+	if ok, err := b.c.SetControls(ctx, "q", 1, Controls{}); err != nil || ok {
 		t.Fatalf("older resume applied: %v %v", ok, err)
 	}
 	if c, v, _ := b.c.Controls(ctx, "q"); !c.Paused || v != 2 {
@@ -44,7 +44,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.c.setControls(ctx, "q", 3, Controls{}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 3, Controls{}); err != nil || !ok {
 		t.Fatalf("resume: %v %v", ok, err)
 	}
 	start := time.Now()
@@ -79,7 +79,7 @@ func TestRateLimitedClaims(t *testing.T) {
 	b.enqueue(t, tasks...)
 
 	rate := RateLimit{Limit: 10, Period: time.Second, Burst: 3} // a start every 100 ms
-	if ok, err := b.c.setControls(ctx, "q", 1, Controls{Rate: rate}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 1, Controls{Rate: rate}); err != nil || !ok {
 		t.Fatalf("set limit: %v %v", ok, err)
 	}
 	if got, v, err := b.c.Controls(ctx, "q"); err != nil || got.Rate != rate || got.Paused || v != 1 {
@@ -106,7 +106,7 @@ func TestRateLimitedClaims(t *testing.T) {
 	}
 
 	// An older version does not lift the limit.
-	if ok, err := b.c.setControls(ctx, "q", 1, Controls{}); err != nil || ok {
+	if ok, err := b.c.SetControls(ctx, "q", 1, Controls{}); err != nil || ok {
 		t.Fatalf("older controls applied: %v %v", ok, err)
 	}
 	w := b.c.NewWaiter()
@@ -116,7 +116,7 @@ func TestRateLimitedClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	slow := RateLimit{Limit: 1, Period: time.Hour, Burst: 2}
-	if ok, err := b.c.setControls(ctx, "q", 2, Controls{Rate: slow}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 2, Controls{Rate: slow}); err != nil || !ok {
 		t.Fatalf("new limit: %v %v", ok, err)
 	}
 	if err := w.Wait(ctx, m, time.Minute); err != nil {
@@ -131,7 +131,7 @@ func TestRateLimitedClaims(t *testing.T) {
 		t.Fatalf("refused claim: %d tasks, next due %v, rate wait %v", len(cl.Tasks), cl.NextDue, cl.RateWait)
 	}
 	// No limit: the rest at once.
-	if ok, err := b.c.setControls(ctx, "q", 3, Controls{}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 3, Controls{}); err != nil || !ok {
 		t.Fatalf("lift: %v %v", ok, err)
 	}
 	if cl = b.claim(t, 100, time.Minute); cl.RateWait != 0 || len(cl.Tasks) == 0 || cl.NextDue != -1 {
@@ -139,7 +139,7 @@ func TestRateLimitedClaims(t *testing.T) {
 	}
 	// A bad limit is refused and writes nothing.
 	for _, bad := range []RateLimit{{Limit: -1}, {Limit: 1, Period: time.Microsecond}, {Limit: 1, Burst: -1}, {Limit: 1, Period: 1500 * time.Microsecond}} {
-		if _, err := b.c.setControls(ctx, "q", 9, Controls{Rate: bad}); !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, validate.ErrInvalidRateLimit) {
+		if _, err := b.c.SetControls(ctx, "q", 9, Controls{Rate: bad}); !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, validate.ErrInvalidRateLimit) {
 			t.Errorf("limit %+v: %v, want ErrInvalidArgument", bad, err)
 		}
 	}
@@ -163,7 +163,7 @@ func TestClaimStartDeadline(t *testing.T) {
 	if ok, _ := b.rdb.HExists(ctx, k.TaskKey("c"), "d").Result(); ok {
 		t.Fatal("a task without a deadline has one in its hash")
 	}
-	if ok, err := b.c.setControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1, Period: time.Hour, Burst: 1}}); err != nil || !ok {
+	if ok, err := b.c.SetControls(ctx, "q", 1, Controls{Rate: RateLimit{Limit: 1, Period: time.Hour, Burst: 1}}); err != nil || !ok {
 		t.Fatalf("limit: %v %v", ok, err)
 	}
 	cl := b.claim(t, 10, time.Minute)

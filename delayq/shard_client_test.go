@@ -12,7 +12,7 @@ import (
 // shardedQueue gives b's queue n shards (controls version v).
 func shardedQueue(t *testing.T, b testBundle, v int64, n int) []Keys {
 	t.Helper()
-	if _, err := b.c.setControls(ctxT(t), b.queue, v, Controls{Shards: n}); err != nil {
+	if _, err := b.c.SetControls(ctxT(t), b.queue, v, Controls{Shards: n}); err != nil {
 		t.Fatal(err)
 	}
 	l, err := b.c.layout(b.queue, n)
@@ -209,7 +209,7 @@ func TestShardCountChanged(t *testing.T) {
 	}
 	// Back to 2 shards: the old layout's shards 1..3 hold the new count, so an
 	// enqueue routed by 4 is refused there as well.
-	if _, err := b.c.setControls(ctx, b.queue, 2, Controls{Shards: 2}); err != nil {
+	if _, err := b.c.SetControls(ctx, b.queue, 2, Controls{Shards: 2}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range l {
@@ -231,7 +231,7 @@ func TestShardedControls(t *testing.T) {
 	b := setup(t, Config{})
 	ctx := ctxT(t)
 	rate := RateLimit{Limit: 300, Period: time.Second, Burst: 30}
-	if _, err := b.c.setControls(ctx, b.queue, 3, Controls{Paused: true, Rate: rate, Shards: 3}); err != nil {
+	if _, err := b.c.SetControls(ctx, b.queue, 3, Controls{Paused: true, Rate: rate, Shards: 3}); err != nil {
 		t.Fatal(err)
 	}
 	l, _ := b.c.layout(b.queue, 3)
@@ -257,20 +257,20 @@ func TestShardedControls(t *testing.T) {
 	if _, v, _ := b.c.Controls(ctx, b.queue); v != 0 {
 		t.Fatalf("version %d with a shard's controls lost, want 0", v)
 	}
-	if applied, err := b.c.setControls(ctx, b.queue, 3, Controls{Paused: true, Rate: rate, Shards: 3}); err != nil || !applied {
+	if applied, err := b.c.SetControls(ctx, b.queue, 3, Controls{Paused: true, Rate: rate, Shards: 3}); err != nil || !applied {
 		t.Fatalf("SetControls again = %v, %v; want applied to the shard behind", applied, err)
 	}
 	if p, _ := b.rdb.HGet(ctx, l[2].Control, "p").Result(); p != "1" {
 		t.Fatalf("shard 2 paused %q after the mirror", p)
 	}
 	for _, n := range []int{-1, MaxShards + 1} {
-		if _, err := b.c.setControls(ctx, b.queue, 4, Controls{Shards: n}); !errors.Is(err, ErrInvalidArgument) {
+		if _, err := b.c.SetControls(ctx, b.queue, 4, Controls{Shards: n}); !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("%d shards: %v, want ErrInvalidArgument", n, err)
 		}
 	}
 	// Each shard takes its share of the limit: a burst of 3 over 3 shards starts
 	// one task a shard at once.
-	if _, err := b.c.setControls(ctx, b.queue, 5, Controls{Rate: RateLimit{Limit: 3, Period: time.Second, Burst: 3}}); err != nil {
+	if _, err := b.c.SetControls(ctx, b.queue, 5, Controls{Rate: RateLimit{Limit: 3, Period: time.Second, Burst: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	many := make([]Task, 30)
@@ -286,7 +286,7 @@ func TestShardedControls(t *testing.T) {
 			len(cl.Tasks), cl.NextDue, cl.RateWait, err)
 	}
 	// A resume that leaves Shards 0 keeps the count.
-	if _, err := b.c.setControls(ctx, b.queue, 6, Controls{}); err != nil {
+	if _, err := b.c.SetControls(ctx, b.queue, 6, Controls{}); err != nil {
 		t.Fatal(err)
 	}
 	if ctl, v, err := b.c.Controls(ctx, b.queue); err != nil || v != 6 || ctl != (Controls{Shards: 3}) {

@@ -11,7 +11,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -34,21 +34,23 @@ func (m *model) redisNow(ctx context.Context) time.Time {
 	return now
 }
 
-// setControls writes a queue's controls through the documented order: Postgres
-// (the truth) commits, then Redis's versioned copy.
+// setControls changes a queue's controls through the one operation
+// (internal/queuectl): Postgres, the truth, commits; then Redis's versioned copy.
 func (m *model) setControls(ctx context.Context, q string, paused bool, rate outbox.RateLimit) {
-	ctl, err := m.s.ob.PauseQueue(ctx, m.s.admin, q)
-	if !paused {
-		ctl, err = m.s.ob.ResumeQueue(ctx, m.s.admin, q)
+	ctl, err := queuectl.New(m.s.admin, m.s.dq, m.s.ob.Config().Schema)
+	if err != nil {
+		m.s.t.Fatal(err)
+	}
+	if paused {
+		_, err = ctl.Pause(ctx, q)
+	} else {
+		_, err = ctl.Resume(ctx, q)
 	}
 	if err != nil {
 		m.s.t.Fatalf("pause %s %v: %v", q, paused, err)
 	}
-	if ctl, err = m.s.ob.SetQueueRateLimit(ctx, m.s.admin, q, rate); err != nil {
+	if _, err := ctl.SetRateLimit(ctx, q, rate); err != nil {
 		m.s.t.Fatalf("rate limit %s: %v", q, err)
-	}
-	if _, err := m.s.dq.SetControls(ctx, q, ctl.Version, delayq.Controls{Paused: ctl.Paused, Rate: ctl.Rate}); err != nil {
-		m.s.t.Fatalf("mirror the controls of %s: %v", q, err)
 	}
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/ctlwrite"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -175,7 +174,7 @@ func (c *Controller) change(ctx context.Context, what, queue string, write func(
 // mirror writes ctl into Redis at its version; applied is false when Redis holds
 // it, or a newer one, already.
 func mirror(ctx context.Context, dq *delayq.Client, ctl Control) (applied bool, err error) {
-	return ctlwrite.Write(ctx, dq, ctl.Queue, ctl.Version, ctlwrite.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards})
+	return dq.SetControls(ctx, ctl.Queue, ctl.Version, delayq.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards})
 }
 
 // Restore is the repair of Redis's copy: it writes every queue's controls from
