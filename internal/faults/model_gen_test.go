@@ -154,6 +154,8 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"pause", 2, m.opPause},
 		{"rate-limit", 2, m.opRateLimit},
 		{"postgres-crash", 1, m.opPostgresCrash},
+		{"sharded-burst", 4, m.opShardedBurst},
+		{"reshard", 2, m.opReshard},
 		{"wait", 10, m.opWait},
 	}
 	total := 0
@@ -221,7 +223,7 @@ func (m *model) opEnqueue(ctx context.Context) {
 	var descs []string
 	for range n {
 		m.nextID++
-		t := &mtask{q: modelQueues[m.rng.IntN(len(modelQueues))], id: fmt.Sprintf("m%04d", m.nextID)}
+		t := &mtask{q: m.queue(), id: fmt.Sprintf("m%04d", m.nextID)}
 		d, what := m.delay()
 		ma := 2 + m.rng.IntN(4)
 		news = append(news, t)
@@ -320,7 +322,7 @@ func (m *model) opRollback(ctx context.Context) {
 		m.s.t.Fatalf("begin: %v", err)
 	}
 	m.nextID++
-	k := key{modelQueues[m.rng.IntN(len(modelQueues))], fmt.Sprintf("r%04d", m.nextID)}
+	k := key{m.queue(), fmt.Sprintf("r%04d", m.nextID)}
 	if _, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: k.queue, ID: k.id, Payload: modelPayload(1)}); err != nil {
 		m.s.t.Fatalf("enqueue: %v", err)
 	}
@@ -502,7 +504,7 @@ func (m *model) rowsOf(ctx context.Context, q string) map[string][2]any {
 // that every task it knew dead was retried, that no other changed otherwise, and
 // that the count agrees.
 func (m *model) opRetryAllDead(ctx context.Context) {
-	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	q := m.queue()
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	before := time.Now()
@@ -556,7 +558,11 @@ func (m *model) opPurgeDeadTask(ctx context.Context) {
 // opPurgeDead purges every dead task of one queue; like opRetryAllDead, the model
 // reads the rows after the call.
 func (m *model) opPurgeDead(ctx context.Context) {
-	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	m.purgeDead(ctx, m.queue())
+}
+
+// purgeDead purges every dead task of q.
+func (m *model) purgeDead(ctx context.Context, q string) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	n, err := reconcile.PurgeDead(ctx, m.s.admin, m.s.dq, reconcile.Options{Queues: []string{q}})

@@ -7,13 +7,49 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 )
+
+// queue is a queue for an operation that is not about shards: ma or mb.
+func (m *model) queue() string { return modelBusyQueues[m.rng.IntN(len(modelBusyQueues))] }
+
+// opShardedBurst commits 2-5 tasks due now into the sharded queue, one
+// transaction each.
+func (m *model) opShardedBurst(ctx context.Context) {
+	for range 2 + m.rng.IntN(4) {
+		m.enqueueOne(ctx, modelShardQueue, 0, true)
+	}
+}
+
+// opReshard purges the sharded queue's dead tasks, then changes its shard count
+// (1..4) through the one operation, which refuses while a task of the queue is
+// pending, queued or dead in Postgres, or in Redis. Tasks enqueued after a change
+// go to the new layout's shards, where every worker must find them: a worker
+// learns the count on its next claim.
+func (m *model) opReshard(ctx context.Context) {
+	m.purgeDead(ctx, modelShardQueue)
+	ctl, err := queuectl.New(m.s.admin, m.s.dq, m.s.ob.Config().Schema)
+	if err != nil {
+		m.s.t.Fatal(err)
+	}
+	n := 1 + m.rng.IntN(4)
+	switch c, err := ctl.SetShards(ctx, modelShardQueue, n); {
+	case errors.Is(err, taskstate.ErrQueueNotEmpty):
+		m.logf(nil, "reshard %s to %d: refused, not empty", modelShardQueue, n)
+	case err != nil:
+		m.s.t.Fatalf("reshard %s to %d: %v", modelShardQueue, n, err)
+	default:
+		m.ops["(resharded)"]++
+		m.logf(nil, "reshard %s to %d: version %d", modelShardQueue, n, c.Version)
+	}
+}
 
 // controlSpan is a time a queue's controls held, by the Redis clock: from just
 // after the write that set them reached Redis to just before the write that
@@ -57,7 +93,7 @@ func (m *model) setControls(ctx context.Context, q string, paused bool, rate out
 // opPause pauses a queue for 0.3-1.5 s, then resumes it. No claim of the queue
 // may fall inside the pause (checkControls).
 func (m *model) opPause(ctx context.Context) {
-	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	q := m.queue()
 	hold := time.Duration(300+m.rng.IntN(1200)) * time.Millisecond
 	m.setControls(ctx, q, true, outbox.RateLimit{})
 	sp := controlSpan{queue: q, from: m.redisNow(ctx), paused: true}
@@ -71,7 +107,7 @@ func (m *model) opPause(ctx context.Context) {
 // opRateLimit limits a queue's starts for 1-2.5 s, then lifts the limit. No
 // window of a period may hold more claims than the limit allows (checkControls).
 func (m *model) opRateLimit(ctx context.Context) {
-	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	q := m.queue()
 	rate := outbox.RateLimit{Limit: 5 + m.rng.IntN(20), Period: time.Second, Burst: 1 + m.rng.IntN(4)}
 	hold := time.Duration(1000+m.rng.IntN(1500)) * time.Millisecond
 	m.setControls(ctx, q, false, rate)
@@ -94,7 +130,7 @@ func (m *model) opRateLimit(ctx context.Context) {
 // for up to 2 s: within the producer's cooldown its statement may leave its
 // notification out, and the task must reach Redis all the same.
 func (m *model) opHeldOpen(ctx context.Context) {
-	q := modelQueues[m.rng.IntN(len(modelQueues))]
+	q := m.queue()
 	m.enqueueOne(ctx, q, 0, false)
 	pause(ctx, time.Duration(m.rng.IntN(15))*time.Millisecond)
 	m.enqueueOne(ctx, q, time.Duration(m.rng.IntN(2000))*time.Millisecond, false)
@@ -211,7 +247,7 @@ func (m *model) checkControls(v *violations, runs map[key][]modelRun) {
 // round), then reschedules the task. The relay moves a lost round's rows again,
 // and the reschedule's new version must replace the copy in Redis either way.
 func (m *model) opPostgresCrash(ctx context.Context) {
-	m.enqueueOne(ctx, modelQueues[m.rng.IntN(len(modelQueues))], 0, false)
+	m.enqueueOne(ctx, m.queue(), 0, false)
 	t := m.order[len(m.order)-1]
 	queued := false
 	for range 40 {

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -70,7 +71,15 @@ const (
 	modelStaleWait = 4 * time.Second  // an older version may still start this long after a reschedule committed
 )
 
-var modelQueues = []string{"ma", "mb"}
+// The model's queues: most operations use ma and mb; mc is sharded (3 shards at
+// the start), takes bursts of tasks due now and has its shard count changed
+// whenever it is empty (opShardedBurst, opReshard).
+var (
+	modelQueues     = []string{"ma", "mb", modelShardQueue}
+	modelBusyQueues = []string{"ma", "mb"}
+)
+
+const modelShardQueue = "mc"
 
 // SQL of the model's tables: its seed, every handler run (written outside the
 // handler's transaction, so failed runs are recorded too) and every effect
@@ -363,6 +372,15 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), opsTime+modelSettle+60*time.Second)
 	defer cancel()
 	s.shardQueues(ctx, 0) // DELAYQ_FAULTS_SHARDS, if set
+	if s.shards == 0 {
+		ctl, err := queuectl.New(s.admin, s.dq, s.ob.Config().Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctl.SetShards(ctx, modelShardQueue, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := s.admin.Exec(ctx, sqlModelTables); err != nil {
 		t.Fatalf("model tables: %v", err)
 	}
