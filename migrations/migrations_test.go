@@ -391,4 +391,14 @@ func TestRowSize(t *testing.T) {
 	if queuedIdx/n > 16 {
 		t.Errorf("the index of queued rows takes %d B a row, want at most 16", queuedIdx/n)
 	}
+
+	// The hook-pending mark (00016) is NULL in live rows: its partial index holds
+	// none of them (its metapage and an empty root: 2 pages at most).
+	var hookIdx int64
+	if err := pool.QueryRow(ctx, `SELECT pg_relation_size('delayq_outbox_hook_due_idx')`).Scan(&hookIdx); err != nil {
+		t.Fatal(err)
+	}
+	if hookIdx > 2*8192 {
+		t.Errorf("the index of hook-pending marks takes %d B with no row marked", hookIdx)
+	}
 }

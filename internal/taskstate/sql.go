@@ -25,6 +25,20 @@ const TableName = "delayq_outbox"
 // Table returns the quoted, schema-qualified table name.
 func (c Config) Table() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, TableName) }
 
+// HookChannel is the channel the deaths recorded without their OnDead hook
+// (reap-dead, relay-invalid) notify at commit, with the queue as payload: the
+// workers that serve the queue with a hook LISTEN on it and sweep. It is
+// NotifyChannel with "_dead" appended, cut to Postgres's 63 bytes: two channels
+// that share their first 58 bytes share it, which costs a sweep that finds nothing.
+func (c Config) HookChannel() string {
+	const suffix = "_dead"
+	ch := c.NotifyChannel
+	if len(ch) > 63-len(suffix) {
+		ch = ch[:63-len(suffix)]
+	}
+	return ch + suffix
+}
+
 // Statements is every SQL statement on the outbox table, with the table and the
 // channel spliced in. Each field's comment gives its parameters; the transition a
 // statement makes is in Transitions.
@@ -42,6 +56,11 @@ type Statements struct {
 	Guard, GuardAbort, GuardMany, GuardGroup, RecordFailure, Snooze, CancelRun string
 	// MissDeadline: a claim came after the task's start deadline (miss-deadline).
 	MissDeadline string
+	// A death recorded without its OnDead hook (dead-hook): TakeDeadHook takes
+	// the next marked row whose hook is due and clears its mark, DelayDeadHook
+	// marks it again for later (a hook that failed), NextDeadHook tells when the
+	// next mark falls due.
+	TakeDeadHook, DelayDeadHook, NextDeadHook string
 
 	// Relay: the round (TakeDue), poison rows (MarkInvalid), the next due time,
 	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
@@ -82,10 +101,14 @@ func NewStatements(cfg Config) Statements {
 	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
 	// the relay hears it when the caller's transaction commits, and never if it rolls
 	// back. Postgres folds identical notifications of one transaction into one.
-	notify := func(queueExpr, from string) string {
+	notifyOn := func(channel, queueExpr, from string) string {
 		return fmt.Sprintf(`(SELECT count(*) FROM (SELECT pg_notify('%s', %s) FROM %s) AS n)`,
-			cfg.NotifyChannel, queueExpr, from)
+			channel, queueExpr, from)
 	}
+	notify := func(queueExpr, from string) string { return notifyOn(cfg.NotifyChannel, queueExpr, from) }
+	// notifyHook wakes the workers that sweep the queues of the rows upd marked
+	// (HookChannel), once per queue, at commit.
+	notifyHook := notifyOn(cfg.HookChannel(), "d.queue", "(SELECT DISTINCT queue FROM upd) AS d")
 	// Only rows due within cfg.NotifyWithin notify (soon is the condition on run_at).
 	soon := "true"
 	if cfg.NotifyWithin > 0 {
@@ -302,13 +325,16 @@ SELECT d.i FROM refused r LEFT JOIN done d ON true
 WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone),
 
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
-		// $7 the delay before the next run in µs. A retry writes its next run time,
-		// so a Redis rebuilt from Postgres keeps the backoff.
+		// $7 the delay before the next run in µs, $8 a dead task's OnDead hook is
+		// still to run (the hook-pending mark; the worker that records it wakes its
+		// own sweep). A retry writes its next run time, so a Redis rebuilt from
+		// Postgres keeps the backoff.
 		RecordFailure: fmt.Sprintf(`UPDATE %s
 SET attempt = $4, last_error = $5,
     state = CASE WHEN $6::boolean THEN 'dead' ELSE state END,
     done_at = CASE WHEN $6::boolean THEN statement_timestamp() ELSE done_at END,
-    run_at = CASE WHEN $6::boolean THEN run_at ELSE statement_timestamp() + $7::bigint * interval '1 microsecond' END
+    run_at = CASE WHEN $6::boolean THEN run_at ELSE statement_timestamp() + $7::bigint * interval '1 microsecond' END,
+    hook_due = CASE WHEN $6::boolean AND $8::boolean THEN statement_timestamp() ELSE hook_due END
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
 
 		// $1 queue, $2 task_id, $3 version, $4 the delay before the next run in µs:
@@ -339,20 +365,61 @@ WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'que
 		NextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 
 		// $1 ctids, $2 errors: rows of the round that Redis would refuse, by the
-		// ctids TakeDue returned; they wait for a person like any dead task.
-		MarkInvalid: fmt.Sprintf(`UPDATE %s
-SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now()
-WHERE ctid = ANY($1::tid[])`, table),
+		// ctids TakeDue returned; they wait for a person like any dead task. The
+		// relay runs no application code: the rows are marked for their OnDead
+		// hook (hook_due), and the workers sweeping their queues are notified at
+		// the round's commit. Returns the count of rows and of notifications.
+		MarkInvalid: fmt.Sprintf(`WITH upd AS (
+	UPDATE %s
+	SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now(), hook_due = now()
+	WHERE ctid = ANY($1::tid[])
+	RETURNING queue
+)
+SELECT (SELECT count(*) FROM upd), %s`, table, notifyHook),
 
 		// $1 queues, $2 task ids, $3 versions, $4 attempts, $5 errors: tasks the
 		// reaper found out of attempts. The guard leaves finished rows and newer
-		// versions (a reschedule) alone. Returns the keys it marked dead.
-		MarkDead: fmt.Sprintf(`UPDATE %s AS o
-SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now()
-FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
-WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
-  AND o.state IN ('pending', 'queued')
-RETURNING o.queue, o.task_id`, table),
+		// versions (a reschedule) alone. The rows are marked for their OnDead hook
+		// (hook_due), and the workers sweeping their queues are notified at commit.
+		// Returns the keys it marked dead.
+		MarkDead: fmt.Sprintf(`WITH upd AS (
+	UPDATE %s AS o
+	SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now(), hook_due = now()
+	FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
+	WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
+	  AND o.state IN ('pending', 'queued')
+	RETURNING o.queue, o.task_id
+)
+SELECT queue, task_id, %s FROM upd`, table, notifyHook),
+
+		// $1 queues with a hook. The next marked dead row of those queues whose
+		// hook is due, locked (rows another worker's sweep holds are skipped) and
+		// its mark cleared: the caller runs the hook in the same transaction, so
+		// the hook's writes and the clearing commit together. Returns the task as
+		// a hook sees it and the time of its death.
+		TakeDeadHook: fmt.Sprintf(`UPDATE %[1]s
+SET hook_due = NULL
+WHERE ctid = (
+	SELECT ctid FROM %[1]s
+	WHERE hook_due IS NOT NULL AND hook_due <= now() AND queue = ANY($1::text[]) AND state = 'dead'
+	ORDER BY hook_due
+	LIMIT 1
+	FOR UPDATE SKIP LOCKED
+)
+RETURNING queue, task_id, version, attempt, max_attempts, run_at, payload, COALESCE(last_error, ''),
+          COALESCE(trace_context, ''), start_by, done_at`, table),
+
+		// $1 queue, $2 task_id, $3 version, $4 delay in µs: the row TakeDeadHook
+		// took in this transaction, marked again for a hook that failed.
+		DelayDeadHook: fmt.Sprintf(`UPDATE %s
+SET hook_due = now() + $4::bigint * interval '1 microsecond'
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state = 'dead'`, table),
+
+		// $1 queues with a hook. How long until the earliest mark of those queues
+		// falls due, in µs (0 or less: due now, held by another worker's sweep;
+		// NULL: no mark).
+		NextDeadHook: fmt.Sprintf(`SELECT (extract(epoch FROM min(hook_due) - now()) * 1000000)::bigint
+FROM %s WHERE hook_due IS NOT NULL AND queue = ANY($1::text[]) AND state = 'dead'`, table),
 
 		// The queues with queued rows, by a loose index scan of
 		// delayq_outbox_queued_idx: one index probe per queue, however many rows.
@@ -492,10 +559,12 @@ LIMIT $2`, table),
 		// $1 queues (empty: all), $2 task ids (empty: all), $3 limit. Back to pending
 		// as a new version, due now, attempts reset; the relay moves it (notified at
 		// commit), and its enqueue replaces the dead record of the older version in
-		// Redis. Postgres alone: nothing to undo if the caller rolls back.
+		// Redis. Postgres alone: nothing to undo if the caller rolls back. A mark
+		// whose hook has not run yet is dropped with the death it was for: the
+		// retried task lives again, and a later death brings its own hook.
 		RetryDead: fmt.Sprintf(`WITH upd AS (
 	UPDATE %[1]s AS o
-	SET state = 'pending', attempt = 0, done_at = NULL, run_at = statement_timestamp(), version = o.version + 1
+	SET state = 'pending', attempt = 0, done_at = NULL, hook_due = NULL, run_at = statement_timestamp(), version = o.version + 1
 	FROM (`+deadRows+`) AS d
 	WHERE o.queue = d.queue AND o.task_id = d.task_id
 	RETURNING o.queue, o.task_id
@@ -509,7 +578,7 @@ SELECT queue, task_id, %[2]s FROM upd`, table, notify("d.queue", "(SELECT DISTIN
 		// Returns the new version and the notification count (no row: nothing done).
 		RetryDeadEdited: fmt.Sprintf(`WITH upd AS (
 	UPDATE %s
-	SET payload = $4, state = 'pending', attempt = 0, done_at = NULL, run_at = statement_timestamp(), version = version + 1
+	SET payload = $4, state = 'pending', attempt = 0, done_at = NULL, hook_due = NULL, run_at = statement_timestamp(), version = version + 1
 	WHERE queue = $1 AND task_id = $2 AND state = 'dead' AND version = $3
 	RETURNING version
 )

@@ -28,6 +28,10 @@ FROM generate_series(1, 20000) AS i`)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Half the dead rows (those of q2) wait for their OnDead hook.
+	if _, err := pool.Exec(ctx, `UPDATE delayq_outbox SET hook_due = done_at WHERE state = 'dead' AND queue = 'q2'`); err != nil {
+		t.Fatal(err)
+	}
 	// VACUUM sets the visibility map, as autovacuum does on a table of this size:
 	// the counts read their partial indexes alone.
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE delayq_outbox`); err != nil {
@@ -74,6 +78,9 @@ FROM generate_series(1, 20000) AS i`)
 		{"guard many", st.GuardMany, []any{[]string{"q1", "q2"}, []string{"t41", "t42"}, []int32{1, 1}, []bool{false, false}}, "delayq_outbox_pkey"},
 		{"guard a group's runs", st.GuardGroup, []any{[]string{"q1", "q2", "q3"}, []string{"t41", "t42", "t43"}, []int32{1, 1, 1}, []bool{false, false, false}, []bool{true, false, false}}, "delayq_outbox_pkey"},
 		{"enqueue: its notifier's row", st.Enqueue, []any{"q1", "new", nil, int64(0), []byte("x"), int32(1), nil, nil, int16(0), "t41", time.Now()}, "Index Scan using delayq_outbox_pkey"},
+		{"take a dead hook", st.TakeDeadHook, []any{[]string{"q2", "q3"}}, "delayq_outbox_hook_due_idx"},
+		{"next dead hook", st.NextDeadHook, []any{[]string{"q2", "q3"}}, "delayq_outbox_hook_due_idx"},
+		{"delay a dead hook", st.DelayDeadHook, []any{"q2", "t52", 1, int64(1000)}, "delayq_outbox_pkey"},
 		{"retry dead", st.RetryDead, []any{[]string{"q1"}, []string{"t52"}, 1000}, "delayq_outbox_pkey"},
 		{"retry dead, edited", st.RetryDeadEdited, []any{"q2", "t52", 1, []byte(`{}`)}, "delayq_outbox_pkey"},
 	} {

@@ -226,6 +226,9 @@ type Failure struct {
 	// Dead makes the task dead; else it runs again after Delay.
 	Dead  bool
 	Delay time.Duration
+	// HookPending marks a death whose OnDead hook did not run in its
+	// transaction: a worker's sweep runs it (TakeDeadHook).
+	HookPending bool
 }
 
 // RecordFailure records a failed run: its attempt and error and, for a retry, the
@@ -240,7 +243,7 @@ func (s *Store) RecordFailure(ctx context.Context, q Querier, f Failure) (bool, 
 		return false, fmt.Errorf("%w: record failure %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, f.Queue, f.ID, f.Attempt, validate.MaxAttempts)
 	}
 	tag, err := q.Exec(ctx, s.SQL.RecordFailure, f.Queue, f.ID, int32(f.Version), int32(f.Attempt),
-		validate.ErrorSummary(f.Err), f.Dead, max(f.Delay, 0).Microseconds())
+		validate.ErrorSummary(f.Err), f.Dead, max(f.Delay, 0).Microseconds(), f.HookPending)
 	if err != nil {
 		return false, fmt.Errorf("record failure %s/%s: %w", f.Queue, f.ID, err)
 	}
@@ -320,4 +323,71 @@ func (s *Store) MarkDoneSQL(ctx context.Context, q SQLExecer, k Key, clearPayloa
 		return false, fmt.Errorf("mark done %s/%s: %w", k.Queue, k.ID, err)
 	}
 	return n == 1, nil
+}
+
+// DeadHookRow is a dead task whose OnDead hook is still to run, as TakeDeadHook
+// took it.
+type DeadHookRow struct {
+	Key
+	Attempt, MaxAttempts int
+	RunAt                time.Time
+	Payload              []byte
+	LastError            string
+	TraceContext         string
+	StartBy              time.Time // zero: none
+	DiedAt               time.Time
+}
+
+// TakeDeadHook takes the next dead row of queues whose hook is due and clears
+// its mark, in q's transaction: the hook runs in it too, and a rollback leaves
+// the mark. Rows other transactions hold are skipped. ok is false when no mark
+// is due.
+func (s *Store) TakeDeadHook(ctx context.Context, q Querier, queues []string) (r DeadHookRow, ok bool, err error) {
+	var (
+		version, attempt, maxAttempts int32
+		startBy                       *time.Time
+		diedAt                        *time.Time
+	)
+	err = q.QueryRow(ctx, s.SQL.TakeDeadHook, queues).Scan(&r.Queue, &r.ID, &version, &attempt, &maxAttempts,
+		&r.RunAt, &r.Payload, &r.LastError, &r.TraceContext, &startBy, &diedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return DeadHookRow{}, false, nil
+	case err != nil:
+		return DeadHookRow{}, false, fmt.Errorf("take a dead hook: %w", err)
+	}
+	r.Version, r.Attempt, r.MaxAttempts = int(version), int(attempt), int(maxAttempts)
+	if startBy != nil {
+		r.StartBy = *startBy
+	}
+	if diedAt != nil {
+		r.DiedAt = *diedAt
+	}
+	return r, true, nil
+}
+
+// DelayDeadHook marks k again, its hook due after delay: in the transaction of
+// TakeDeadHook, after a hook that failed.
+func (s *Store) DelayDeadHook(ctx context.Context, q Querier, k Key, delay time.Duration) error {
+	if err := checkKey(k); err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, s.SQL.DelayDeadHook, k.Queue, k.ID, int32(k.Version), max(delay, 0).Microseconds()); err != nil {
+		return fmt.Errorf("delay the dead hook of %s/%s: %w", k.Queue, k.ID, err)
+	}
+	return nil
+}
+
+// NextDeadHook tells how long until the earliest mark of queues falls due: ok
+// false when there is none; a wait of 0 when one is due now (held by another
+// sweep).
+func (s *Store) NextDeadHook(ctx context.Context, q Querier, queues []string) (wait time.Duration, ok bool, err error) {
+	var us *int64
+	if err := q.QueryRow(ctx, s.SQL.NextDeadHook, queues).Scan(&us); err != nil {
+		return 0, false, fmt.Errorf("next dead hook: %w", err)
+	}
+	if us == nil {
+		return 0, false, nil
+	}
+	return max(time.Duration(*us)*time.Microsecond, 0), true, nil
 }
