@@ -35,6 +35,17 @@ type Config struct {
 	// the next attempt. Default 1s.
 	ErrorPause time.Duration
 
+	// DeadHookSweep is the longest wait between two sweeps of the deaths recorded
+	// without their queue's OnDead hook (the reaper's, after a worker crashed on
+	// the task's last attempt; the relay's, for a row Redis refuses), whose hooks
+	// the sweep runs. A sweep also runs at start, when such a death of a queue
+	// with a hook commits (the worker LISTENs on a connection of its own), and
+	// when a failed hook's retry falls due: this is the backstop for
+	// notifications lost behind a pooler in transaction mode, where LISTEN does
+	// not work. Only a worker with an OnDead hook sweeps. Default 1m; -1: no
+	// backstop.
+	DeadHookSweep time.Duration
+
 	// Logger receives failures, panics with their stacks and lost leases. Default:
 	// discard.
 	Logger *slog.Logger
@@ -77,6 +88,9 @@ func (c Config) WithDefaults() Config {
 	if c.ErrorPause == 0 {
 		c.ErrorPause = time.Second
 	}
+	if c.DeadHookSweep == 0 {
+		c.DeadHookSweep = time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -102,6 +116,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: OpTimeout %v: at least 1ms", ErrInvalidConfig, c.OpTimeout)
 	case c.ErrorPause < time.Millisecond:
 		return fmt.Errorf("%w: ErrorPause %v: at least 1ms", ErrInvalidConfig, c.ErrorPause)
+	case c.DeadHookSweep != -1 && c.DeadHookSweep < time.Millisecond:
+		return fmt.Errorf("%w: DeadHookSweep %v: at least 1ms, or -1", ErrInvalidConfig, c.DeadHookSweep)
 	}
 	return checkMiddleware(c.Middleware)
 }

@@ -73,10 +73,18 @@ type ErrorHandler func(ctx context.Context, t *Task, f Failure)
 // Mark the order payment_failed there and it happens exactly once, with the death.
 // When the hook returns an error or panics, nothing of the death commits: the
 // task stays live, the run is not counted, and it runs again after the queue's
-// backoff; it becomes dead only together with a hook that succeeded. Deaths the
-// relay records (a worker that crashed or lost its lease on the task's last
-// attempt, a task Redis refuses) do not run the hook; they are in the dead
-// letters (delayq dead list).
+// backoff; it becomes dead only together with a hook that succeeded.
+//
+// Deaths the relay records (its reaper's, after a worker crashed or lost its
+// lease on the task's last attempt; a row Redis refuses) cannot run application
+// code: they are marked in Postgres, and a worker that serves the queue with an
+// OnDead hook runs it later in a transaction of its own that also clears the
+// mark, so its writes commit once too (Config.DeadHookSweep). Its cause is then
+// a *DeferredDeathError, and the hook's task has no ClaimedAt. A hook that fails
+// there leaves the mark for a later sweep, after a backoff. While no worker
+// serves the queue with a hook the mark stays, and the task shows in the dead
+// letters (delayq dead list) as any dead task; a retry from dead drops the mark
+// with the death it was for.
 type DeadHook func(ctx context.Context, tx pgx.Tx, t *Task, err error) error
 
 // reportError calls the worker's ErrorHandler, if any.

@@ -43,6 +43,10 @@ type Stats struct {
 	// MissedDeadline: tasks claimed after their start deadline, not run, dead
 	// with the reason (each also counts as Dead).
 	MissedDeadline int64
+	// SweptDeadHooks: OnDead hooks the worker's sweep ran and committed for
+	// deaths recorded without them (the reaper's, the relay's); SweptDeadHookFailed:
+	// such hooks that failed, their marks kept for a later sweep.
+	SweptDeadHooks, SweptDeadHookFailed int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 }
@@ -50,6 +54,7 @@ type Stats struct {
 type counters struct {
 	claimed, succeeded, failed, retried, dead, suppressed, leaseLost, released, inFlight atomic.Int64
 	snoozed, cancelled, deadHookFailed, missedDeadline                                   atomic.Int64
+	sweptHooks, sweptHookFailed                                                          atomic.Int64
 }
 
 func (c *counters) snapshot() Stats {
@@ -59,6 +64,7 @@ func (c *counters) snapshot() Stats {
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), InFlight: c.inFlight.Load(),
 		Snoozed: c.snoozed.Load(), Cancelled: c.cancelled.Load(), DeadHookFailed: c.deadHookFailed.Load(),
 		MissedDeadline: c.missedDeadline.Load(),
+		SweptDeadHooks: c.sweptHooks.Load(), SweptDeadHookFailed: c.sweptHookFailed.Load(),
 	}
 }
 
@@ -69,6 +75,19 @@ type promObserver struct {
 	inFlight   *prometheus.GaugeVec
 	lateness   *prometheus.HistogramVec
 	processing *prometheus.HistogramVec
+	deadHooks  *prometheus.CounterVec // labels: queue, result
+}
+
+// deadHook counts a hook the sweep ran for a death recorded without it.
+func (m *promObserver) deadHook(queue string, ran bool) {
+	if m == nil {
+		return
+	}
+	result := "failed"
+	if ran {
+		result = "ran"
+	}
+	m.deadHooks.WithLabelValues(queue, result).Inc()
 }
 
 // Values of the outcome label of delayq_worker_tasks_total.
@@ -111,6 +130,10 @@ func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 		Help:    "Time from the start of a handler to the end of its bookkeeping (commit, ack).",
 		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"queue"})
+	deadHooks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "delayq", Subsystem: "worker", Name: "swept_dead_hooks_total",
+		Help: "OnDead hooks the worker's sweep ran for deaths recorded without them (the reaper's, the relay's), by result: ran (committed with the clearing of the mark), failed (the mark kept for a later sweep).",
+	}, []string{"queue", "result"})
 	m := &promObserver{}
 	var err error
 	if m.events, err = promreg.Register(reg, events); err != nil {
@@ -123,6 +146,9 @@ func newPromObserver(reg prometheus.Registerer) (*promObserver, error) {
 		return nil, err
 	}
 	if m.processing, err = promreg.Register(reg, processing); err != nil {
+		return nil, err
+	}
+	if m.deadHooks, err = promreg.Register(reg, deadHooks); err != nil {
 		return nil, err
 	}
 	return m, nil

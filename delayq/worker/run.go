@@ -408,9 +408,13 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	}
 	if redisDead {
 		// Redis counted the attempts out (the task's limit changed under us):
-		// mirror it into Postgres.
-		if _, err := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{Key: key, Attempt: t.Attempt, Err: msg, Dead: true}); err != nil {
+		// mirror it into Postgres. The death is in Redis already, so a hook that
+		// failed could not roll it back: the row is marked for the sweep instead.
+		hook := r.q.cfg.OnDead != nil
+		if _, err := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{Key: key, Attempt: t.Attempt, Err: msg, Dead: true, HookPending: hook}); err != nil {
 			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
+		} else if hook {
+			w.wakeSweep()
 		}
 		w.stats.dead.Add(1)
 		return outDead

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,7 +76,11 @@ type Worker struct {
 	store *taskstate.Store // the outbox's transitions
 
 	stats counters
-	obs   Observer // Config.Observer and the Prometheus observer; never nil
+	obs   Observer      // Config.Observer and the Prometheus observer; never nil
+	prom  *promObserver // the Prometheus observer, nil without Config.Registerer
+	// sweep runs the OnDead hooks of deaths recorded without them, while Run
+	// runs, when a queue has a hook (sweep.go).
+	sweep atomic.Pointer[sweeper]
 	hooks hooks
 	// While Run runs, completions feeds the batch recorder of plain runs and acks
 	// the batch acknowledger of successful runs in Redis (completer.go).
@@ -145,13 +150,16 @@ func New(pool DB, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, er
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	var prom Observer
+	var (
+		prom  Observer
+		promO *promObserver
+	)
 	if cfg.Registerer != nil {
 		p, err := newPromObserver(cfg.Registerer)
 		if err != nil {
 			return nil, fmt.Errorf("worker: register metrics: %w", err)
 		}
-		prom = p
+		prom, promO = p, p
 	}
 	obs := Observers(prom, cfg.Observer)
 	if obs == nil {
@@ -164,6 +172,7 @@ func New(pool DB, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, er
 			NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
 		}),
 		obs:    obs,
+		prom:   promO,
 		queues: make(map[string]*queue),
 	}, nil
 }
@@ -284,6 +293,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	for _, g := range w.prio {
 		loops.Go(func() { w.groupLoop(ctx, hard, waiter, g, runs) })
+	}
+	if s := newSweeper(w, queues); s != nil {
+		w.sweep.Store(s)
+		loops.Go(func() { s.listen(ctx) })
+		loops.Go(func() { s.loop(ctx) })
 	}
 	w.log.Info("worker: started", "queues", len(queues), "lease", w.cfg.Lease)
 	<-ctx.Done()

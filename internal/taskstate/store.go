@@ -367,11 +367,9 @@ func (s *Store) TakeDeadHook(ctx context.Context, q Querier, queues []string) (r
 }
 
 // DelayDeadHook marks k again, its hook due after delay: in the transaction of
-// TakeDeadHook, after a hook that failed.
+// TakeDeadHook, after a hook that failed. k is not validated: it is a row's, and
+// a row the relay refused as invalid may hold a key no task can have.
 func (s *Store) DelayDeadHook(ctx context.Context, q Querier, k Key, delay time.Duration) error {
-	if err := checkKey(k); err != nil {
-		return err
-	}
 	if _, err := q.Exec(ctx, s.SQL.DelayDeadHook, k.Queue, k.ID, int32(k.Version), max(delay, 0).Microseconds()); err != nil {
 		return fmt.Errorf("delay the dead hook of %s/%s: %w", k.Queue, k.ID, err)
 	}
