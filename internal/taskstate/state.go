@@ -131,7 +131,7 @@ var Transitions = []Transition{
 		Order: PostgresThenRedis, Version: "kept"},
 	{Name: "dead-hook", From: []State{Dead}, To: Kept, By: Worker,
 		Postgres: "TakeDeadHook (clears the mark), with the queue's OnDead hook in its transaction; DelayDeadHook marks it again after a hook that failed",
-		Order: PostgresOnly, Version: "kept"},
+		Order:    PostgresOnly, Version: "kept"},
 	{Name: "cancel", From: []State{Pending, Queued}, To: Cancelled, By: Producer,
 		Postgres: "Cancel", Order: PostgresOnly, Version: "kept"},
 	{Name: "reschedule", From: []State{Pending, Queued}, To: Pending, By: Producer,
