@@ -122,7 +122,8 @@
 // QueueConfig.OnDead runs in the Postgres transaction that records the task's
 // death: "mark the order payment_failed" commits with the death, exactly once.
 // A hook that fails rolls the death back and the task fails again later (see
-// DeadHook). Config.OnError sees every failure with what the worker does about
+// DeadHook). A death the relay records (a crash on the last attempt, a row Redis
+// refuses) is marked, and the worker's sweep runs the hook later, exactly once. Config.OnError sees every failure with what the worker does about
 // it. From inside a handler, Snooze(d) runs the task again after d without
 // counting the run, and Cancel(err) finishes it without effect, recorded as
 // cancelled; both roll back a transactional handler's writes.
@@ -162,6 +163,8 @@
 //	delayq_worker_in_flight{queue}
 //	delayq_worker_claim_lateness_seconds{queue}  claim time - due time, Redis clock
 //	delayq_worker_processing_seconds{queue}      handler start to end of its bookkeeping
+//	delayq_worker_swept_dead_hooks_total{queue,result}  OnDead hooks run by the sweep for
+//	                                         deaths recorded without them: ran, failed
 //
 // # Sensitive payloads
 //
