@@ -12,7 +12,7 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 	t.Parallel()
 	c := Config{}.WithDefaults()
 	if c.Lease != 5*time.Second || c.HeartbeatInterval != 5*time.Second/3 || c.ShutdownTimeout != 30*time.Second ||
-		c.OpTimeout != 10*time.Second || c.ErrorPause != time.Second || c.Logger == nil {
+		c.OpTimeout != 10*time.Second || c.ErrorPause != time.Second || c.DeadHookSweep != time.Minute || c.Logger == nil {
 		t.Errorf("defaults %+v", c)
 	}
 	if c := (Config{Lease: 3 * time.Second}).WithDefaults(); c.HeartbeatInterval != time.Second {
@@ -24,12 +24,13 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 		{HeartbeatInterval: time.Microsecond},
 		{ShutdownTimeout: -2},
 		{OpTimeout: -1},
+		{DeadHookSweep: -2}, {DeadHookSweep: time.Microsecond},
 	} {
 		if err := bad.WithDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%+v: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
-	for _, ok := range []Config{{HeartbeatInterval: -1}, {ShutdownTimeout: -1}} {
+	for _, ok := range []Config{{HeartbeatInterval: -1}, {ShutdownTimeout: -1}, {DeadHookSweep: -1}} {
 		if err := ok.WithDefaults().validate(); err != nil {
 			t.Errorf("%+v: %v", ok, err)
 		}
@@ -51,6 +52,36 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 		if err := bad.WithDefaults().validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%+v: %v, want ErrInvalidConfig", bad, err)
 		}
+	}
+}
+
+// A failed dead hook's mark waits the time since the death, within the queue's
+// backoff, jittered into its upper half; a failing sweep pauses ErrorPause,
+// doubled with each failure in a row up to a minute.
+func TestSweepPauses(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: 10 * time.Millisecond, Max: time.Second}
+	for _, c := range []struct{ since, lo, hi time.Duration }{
+		{0, 5 * time.Millisecond, 10 * time.Millisecond},
+		{100 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond},
+		{time.Hour, 500 * time.Millisecond, time.Second},
+	} {
+		for range 100 {
+			if d := hookRetry(b, c.since); d < c.lo || d > c.hi {
+				t.Fatalf("hookRetry(%v) = %v, want %v..%v", c.since, d, c.lo, c.hi)
+			}
+		}
+	}
+	cfg := Config{ErrorPause: time.Second}.WithDefaults()
+	s := &sweeper{w: &Worker{cfg: cfg, log: cfg.Logger}}
+	for i, hi := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		if d := s.failed(errors.New("down")); d < hi/2 || d > hi {
+			t.Errorf("pause %d: %v, want %v..%v", i, d, hi/2, hi)
+		}
+	}
+	s.fails = 1000
+	if d := s.failed(errors.New("down")); d < 30*time.Second || d > time.Minute {
+		t.Errorf("pause after many failures: %v, want at most a minute", d)
 	}
 }
 

@@ -142,9 +142,22 @@ func (s *sweeper) sweep(ctx context.Context) time.Duration {
 // jittered.
 func (s *sweeper) failed(err error) time.Duration {
 	s.w.log.Warn("worker: sweep of dead hooks failed; trying again later", "err", err)
-	d := s.w.cfg.ErrorPause << min(s.fails, 16)
+	d := doubled(s.w.cfg.ErrorPause, s.fails)
 	s.fails++
-	return jitter(min(d, max(time.Minute, s.w.cfg.ErrorPause)))
+	return jitter(d)
+}
+
+// doubled is base doubled n times, up to a minute (or base, if longer).
+func doubled(base time.Duration, n int) time.Duration {
+	limit := max(time.Minute, base)
+	d := base
+	for range n {
+		if d >= limit/2 {
+			return limit
+		}
+		d *= 2
+	}
+	return d
 }
 
 // hookSavepoint is where a hook that failed is rolled back to, keeping the row
@@ -241,7 +254,7 @@ func (s *sweeper) listen(ctx context.Context) {
 			return
 		}
 		w.log.Warn("worker: listening for deaths recorded without their hook failed", "err", err)
-		t := time.NewTimer(jitter(min(w.cfg.ErrorPause<<min(fails, 16), max(time.Minute, w.cfg.ErrorPause))))
+		t := time.NewTimer(jitter(doubled(w.cfg.ErrorPause, fails)))
 		fails++
 		select {
 		case <-ctx.Done():
