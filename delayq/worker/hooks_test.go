@@ -272,9 +272,9 @@ func TestOnDead(t *testing.T) {
 }
 
 // TestDeadHookHelperProcess is not a test: it is the worker process that
-// TestWorkerKilledInDeadHook starts and kills. Its handler fails for good; its
-// dead hook writes the order's status, says so on stdout and waits forever, with
-// the death's transaction open.
+// TestWorkerKilledInDeadHook and TestOnDeadSweepKilledInHook start and kill. Its
+// handler fails for good; its dead hook writes the order's status, says so on
+// stdout and waits forever, with the death's (or the sweep's) transaction open.
 func TestDeadHookHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "deadhook" {
 		t.Skip("helper process for TestWorkerKilledInDeadHook")

@@ -228,3 +228,75 @@ func TestOnDeadOfRetriedDeathRunsOnce(t *testing.T) {
 		t.Errorf("hook ran for versions %v, want [2]", got)
 	}
 }
+
+// A worker process SIGKILLed inside a hook its sweep runs (the helper of
+// TestWorkerKilledInDeadHook: its hook writes, says HOOK and blocks, with the
+// sweep's transaction open): neither the hook's write nor the clearing of the
+// mark commits, and the next worker's sweep runs its own hook, once.
+func TestOnDeadSweepKilledInHook(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t, 2*time.Minute)
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL);
+		INSERT INTO orders VALUES ('bad id', 'new')`); err != nil {
+		t.Fatal(err)
+	}
+	b.startRelay(t, "crash")
+	b.insertInvalid(t, "crash", "bad id")
+	waitFor(t, "the invalid row dead and marked", func() bool {
+		return b.count(t, `SELECT count(*) FROM delayq_outbox WHERE state = 'dead' AND hook_due IS NOT NULL`) == 1
+	})
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeadHookHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=deadhook", helperPGEnv+"="+b.url,
+		helperRedisEnv+"="+testenv.RedisURL(t), helperPrefixEnv+"="+b.prefix)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	context.AfterFunc(ctx, func() { _ = cmd.Process.Kill() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper process: %v", err)
+	}
+	if strings.TrimSpace(line) != "HOOK bad id 0" { // never run: attempt 0
+		t.Fatalf("helper process said %q", line)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if n := b.count(t, `SELECT count(*) FROM orders WHERE status = 'new'`); n != 1 {
+		t.Fatal("the killed hook's write committed")
+	}
+
+	h := b.start(t, Config{DeadHookSweep: -1}, func(w *Worker) {
+		_ = w.HandleTx("crash", func(context.Context, pgx.Tx, *Task) error { return nil },
+			QueueConfig{OnDead: func(ctx context.Context, tx pgx.Tx, tk *Task, _ error) error {
+				_, err := tx.Exec(ctx, `UPDATE orders SET status = status || ',failed-parent' WHERE id = $1`, tk.ID)
+				return err
+			}})
+	})
+	waitFor(t, "the second worker's hook", func() bool {
+		return b.count(t, `SELECT count(*) FROM orders WHERE status <> 'new'`) == 1
+	})
+	h.stop()
+	var status string
+	if err := b.pool.QueryRow(ctx, `SELECT status FROM orders`).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "new,failed-parent" {
+		t.Errorf("order status %q, want the second hook's write only", status)
+	}
+	if n := b.count(t, `SELECT count(*) FROM delayq_outbox WHERE hook_due IS NOT NULL`); n != 0 {
+		t.Errorf("%d marks left", n)
+	}
+	if s := h.w.Stats(); s.SweptDeadHooks != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
