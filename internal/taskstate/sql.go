@@ -410,9 +410,10 @@ RETURNING queue, task_id, version, attempt, max_attempts, run_at, payload, COALE
           COALESCE(trace_context, ''), start_by, done_at`, table),
 
 		// $1 queue, $2 task_id, $3 version, $4 delay in µs: the row TakeDeadHook
-		// took in this transaction, marked again for a hook that failed.
+		// took in this transaction, marked again for a hook that failed (from
+		// now, not from the transaction's start: the hook took its time).
 		DelayDeadHook: fmt.Sprintf(`UPDATE %s
-SET hook_due = now() + $4::bigint * interval '1 microsecond'
+SET hook_due = statement_timestamp() + $4::bigint * interval '1 microsecond'
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state = 'dead'`, table),
 
 		// $1 queues with a hook. How long until the earliest mark of those queues
