@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -270,5 +271,111 @@ func TestManyProducersSkipping(t *testing.T) {
 	t.Logf("%d producers, %d tasks: %d notifications, all in Redis %v after the last commit", producers, len(ids), n, d)
 	if n >= len(ids)*3/4 {
 		t.Errorf("%d notifications for %d tasks: the cooldown left few out", n, len(ids))
+	}
+}
+
+// heldOpen is the scenario of issue 29's defect 3 on queue: producer A's enqueue
+// notifies and commits; 10ms later producer B, through the same Client, enqueues
+// task "b", due in 2s, which leaves its notification out (A committed within the
+// cooldown), and holds its transaction open for hold before it commits, or rolls
+// back. Then nothing happens. It returns when B's transaction ended. ob's
+// cooldown must leave B's enqueue short of its half, where one enqueue notifies
+// on purpose (100ms does, with a margin for a loaded machine).
+func (b testBundle) heldOpen(t *testing.T, ob *outbox.Client, queue string, hold time.Duration, commit bool) time.Time {
+	t.Helper()
+	ctx := ctxT(t)
+	b.commitNow(t, ob, queue, "a")
+	time.Sleep(10 * time.Millisecond) // the scenario's spacing, within the 25ms cooldown
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // ended below
+	if _, err := ob.Enqueue(ctx, tx, outbox.Task{Queue: queue, ID: "b", Delay: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(hold) // the business transaction's own work
+	if !commit {
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return time.Now()
+}
+
+// waitInRedis waits until Redis holds queue/id (in any state) and returns how
+// long after since that was.
+func (b testBundle) waitInRedis(t *testing.T, since time.Time, timeout time.Duration, queue, id string) time.Duration {
+	t.Helper()
+	eventually(t, timeout, func() (bool, string) {
+		s := b.info(t, queue, id).State
+		return s != delayq.StateMissing, fmt.Sprintf("%s/%s %s in Redis %v after its commit", queue, id, s, time.Since(since))
+	})
+	return time.Since(since)
+}
+
+// TestSkippedNotificationHeldOpen (issue 29, defect 3): an enqueue that left its
+// notification out and whose transaction then stays open 0 to 2s reaches Redis
+// within a second of its commit, although traffic stopped and the relay polls
+// every 30s: its commit notifies when it comes too late for the follow-up
+// rounds of its notifier's wake-up. (Before the fix, the 300ms case reached Redis
+// at the poll.)
+func TestSkippedNotificationHeldOpen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := b.listen(t)
+	ob := newOutbox(t, outbox.Config{NotifyCooldown: 100 * time.Millisecond})
+	b.start(t, relay.Config{PollInterval: 30 * time.Second})
+	b.commitNow(t, b.ob, "warm", "a")
+	b.waitReady(t, 10*time.Second, "warm", "a")
+	for i, hold := range []time.Duration{300 * time.Millisecond, 0, 20 * time.Millisecond, 60 * time.Millisecond, time.Second, 2 * time.Second} {
+		queue := fmt.Sprintf("held-%d", i)
+		// Past the follow-up of the last notification: the relay idles, and only
+		// this scenario's notifications (or follow-up) can move b.
+		time.Sleep(3 * relay.DefaultFollowUpFor)
+		committed := b.heldOpen(t, ob, queue, hold, true)
+		d := b.waitInRedis(t, committed, time.Second, queue, "b")
+		n := l.count(t, b, queue) // after: its marker wakes the relay
+		t.Logf("held open %v: in Redis %v after its commit; %d notifications for its queue", hold, d, n)
+		if n > 2 {
+			t.Errorf("held open %v: %d notifications for %s, want A's and at most B's commit", hold, n, queue)
+		}
+	}
+}
+
+// TestSkippedNotificationRolledBack: a transaction whose enqueue left its
+// notification out and that rolls back after the follow-up notifies nothing,
+// while the same transaction committed notifies once at its commit, however
+// many of its enqueues left theirs out.
+func TestSkippedNotificationRolledBack(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	b := setup(t)
+	l := b.listen(t)
+	ob := newOutbox(t, outbox.Config{NotifyCooldown: 100 * time.Millisecond})
+	b.heldOpen(t, ob, "rolled-back", 300*time.Millisecond, false)
+	if n := l.count(t, b, "rolled-back"); n != 1 {
+		t.Fatalf("%d notifications for rolled-back, want A's alone", n)
+	}
+
+	b.commitNow(t, ob, "many", "a")
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for _, id := range []string{"b", "c", "d"} {
+			if _, err := ob.Enqueue(ctx, tx, outbox.Task{Queue: "many", ID: id}); err != nil {
+				return err
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // past the follow-up of A's notification
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.count(t, b, "many"); n != 2 {
+		t.Fatalf("%d notifications for many, want A's and one at the late commit", n)
 	}
 }

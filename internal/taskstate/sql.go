@@ -185,14 +185,21 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// visible row of this transaction is covered too: its notification goes out
 		// at this commit. created_at (the inserting transaction's start) tells that
 		// row from another with the same key; an update (queued, done) keeps it.
+		//
+		// A row that left its notification out gets notify_late, the channel: the
+		// trigger of migration 00015 notifies at this transaction's commit if the
+		// commit comes too late for those follow-up rounds.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
-	VALUES ($1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'), $5, $6, $7::text, $8::timestamptz, $9::smallint)
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, notify_late)
+	SELECT $1, $2, v.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
+	       CASE WHEN %[2]s AND EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)
+	            THEN '%[3]s' END
+	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS v
 	ON CONFLICT (queue, task_id) DO NOTHING
-	RETURNING run_at, created_at
+	RETURNING run_at, created_at, notify_late
 )
-SELECT run_at, %s, created_at FROM ins`, table, notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+
-			" AND NOT EXISTS (SELECT FROM "+table+" WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)) AS v")),
+SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
+			notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+" AND notify_late IS NULL) AS v")),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
 		// $1 queue, $2 task_id, $3 run_at (NULL: use the delay), $4 delay (an
