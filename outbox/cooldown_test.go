@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -158,5 +159,78 @@ func TestNotifierRolledBack(t *testing.T) {
 	enqueueNow(t, c2, b.pool, "sp", "after")
 	if got, want := notifications(t, b.pool, l), []string{"other", "sp"}; !slices.Equal(got, want) {
 		t.Fatalf("notifier rolled back to a savepoint: notifications %q, want %q", got, want)
+	}
+}
+
+// TestLateCommitNotifies: an enqueue that left its notification out marks its row
+// with its channel, and its transaction's commit notifies when it comes 25ms or
+// more after the transaction began, on a custom channel too. No other row is
+// marked, so no other insert queues the commit-time trigger: not the notifier's,
+// not one due later than NotifyWithin, not EnqueueMany's, not a plain INSERT's.
+func TestLateCommitNotifies(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	l := listen(t, b.url)
+	c := newClient(t, outbox.Config{NotifyCooldown: time.Hour})
+
+	enqueueNow(t, c, b.pool, "q", "notifier")
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		enqueueNow(t, c, tx, "q", "late")
+		if _, err := c.Enqueue(ctx, tx, outbox.Task{Queue: "q", ID: "later", Delay: time.Hour}); err != nil {
+			return err
+		}
+		if _, err := c.EnqueueMany(ctx, tx, []outbox.Task{{Queue: "q", ID: "many-1"}, {Queue: "q", ID: "many-2"}}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO delayq_outbox (queue, task_id, run_at, payload, max_attempts) VALUES ('q', 'plain', now(), '', 1)`)
+		time.Sleep(50 * time.Millisecond) // the transaction's own work: its commit is late
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The notifier's, then the late commit's once (EnqueueMany's notification at
+	// that commit is the same: Postgres folds them).
+	if got, want := notifications(t, b.pool, l), []string{"q", "q"}; !slices.Equal(got, want) {
+		t.Fatalf("notifications %q, want %q", got, want)
+	}
+	if n := count(t, b.pool, "notify_late = $1", outbox.DefaultNotifyChannel); n != 1 {
+		t.Fatalf("%d rows marked, want 1", n)
+	}
+	if n := count(t, b.pool, "task_id = 'late' AND notify_late IS NOT NULL"); n != 1 {
+		t.Fatalf("the late enqueue's row is not the one marked")
+	}
+
+	// On a channel of the Client's own, the late commit notifies on it.
+	const channel = "late_custom"
+	lc, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close(context.Background()) //nolint:errcheck
+	if _, err := lc.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	custom := newClient(t, outbox.Config{NotifyChannel: channel, NotifyCooldown: time.Hour})
+	enqueueNow(t, custom, b.pool, "custom", "notifier")
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		enqueueNow(t, custom, tx, "custom", "late")
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := lc.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("custom channel: notification %d of 2: %v", i+1, err)
+		}
+		if n.Channel != channel || n.Payload != "custom" {
+			t.Fatalf("custom channel: notification %q on %q", n.Payload, n.Channel)
+		}
 	}
 }
