@@ -43,10 +43,11 @@
 // committed, and not rolled back to a savepoint; no round trip). That
 // commit woke the relays, which run follow-up rounds for their FollowUpFor (100ms)
 // after every wake-up and move this task too. A notifier still in progress or rolled
-// back covers nothing: the enqueue notifies. So every committed near-due task wakes a
-// relay, or is moved by a relay's follow-up round, within NotifyCooldown + FollowUpFor
-// of its commit, provided its transaction commits within FollowUpFor − NotifyCooldown
-// (75ms) of its Enqueue; a longer one waits at worst for the relay's PollInterval.
+// back covers nothing: the enqueue notifies. A transaction whose enqueue left its
+// notification out notifies at its commit after all when that commit comes 25ms or
+// more after the transaction began (a trigger of migration 00015), too late for those
+// rounds. So every committed near-due task wakes a relay at its commit, or is moved by
+// a follow-up round after it, however long its transaction stays open.
 // EnqueueMany, Reschedule and dead retries notify at every commit. NotifyCooldown -1
 // notifies at every commit.
 //

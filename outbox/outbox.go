@@ -111,12 +111,12 @@ type Config struct {
 	// ones. The check is part of the enqueue's statement (no round trip): the
 	// earlier enqueue's row must be visible to it, that is committed, savepoint
 	// included; when it is still in progress, rolled back, or in another
-	// database, the enqueue notifies. Keep it well below the relays' FollowUpFor:
-	// a transaction that commits more than FollowUpFor − NotifyCooldown (75ms by
-	// default) after an enqueue that left its notification out waits for the
-	// next wake-up of its queue, or the relay's PollInterval. EnqueueMany, Reschedule and dead retries
-	// notify at every commit. Default 25ms (DefaultNotifyCooldown); -1 notifies at
-	// every commit.
+	// database, the enqueue notifies. Such an enqueue's transaction notifies at
+	// its commit after all when that commit comes 25ms or more after the
+	// transaction began, too late for the follow-up rounds (migration 00015's
+	// trigger). Keep FollowUpFor at least NotifyCooldown + 25ms plus a round.
+	// EnqueueMany, Reschedule and dead retries notify at every commit. Default
+	// 25ms (DefaultNotifyCooldown); -1 notifies at every commit.
 	NotifyCooldown time.Duration
 	// ClearPayloadOnDone empties the payload of a task when it is marked done or is
 	// cancelled, for payloads holding data that should not outlive the task. Dead tasks

@@ -80,7 +80,8 @@ type Config struct {
 	// notification starting the time again) the relay runs follow-up rounds, which
 	// move the tasks whose enqueues left their notification out because one into
 	// the same queue had just notified and committed (outbox
-	// Config.NotifyCooldown, 25ms by default: keep FollowUpFor well above it): the
+	// Config.NotifyCooldown, 25ms by default: keep FollowUpFor at least 25ms
+	// above it, plus a round, since a later commit notifies by itself): the
 	// next at once after a round that moved rows, FollowUp after one that found
 	// none. Defaults 5ms and 100ms; FollowUpFor -1 turns the follow-up off (then
 	// set the producers' NotifyCooldown to -1 too).

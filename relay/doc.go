@@ -24,7 +24,8 @@
 // runs follow-up rounds, the next at once after one that moved rows and
 // Config.FollowUp (5ms) after one that found none: producers leave their
 // notification out when one into the same queue has just notified and committed
-// (outbox Config.NotifyCooldown), and these rounds move their tasks.
+// (outbox Config.NotifyCooldown), and these rounds move their tasks; a transaction
+// that commits too late for them notifies at its commit.
 //
 // Rows due later than the horizon stay in Postgres: Redis memory follows the
 // near-term load, not the whole backlog.
