@@ -16,6 +16,8 @@ func registry() map[string]workload {
 		"enqueue-tx":           {"20,000 tasks due in 1 h, 8 producers, each task in its own transaction", enqueueTx(time.Hour, 0)},
 		"enqueue-tx-soon":      {"enqueue-tx, but due in 10 s: within the notify window, notifications coalesced (NotifyCooldown 25 ms)", enqueueTx(10*time.Second, 0)},
 		"enqueue-tx-soon-each": {"enqueue-tx-soon with a notification at every commit (NotifyCooldown -1)", enqueueTx(10*time.Second, -1)},
+		"enqueue-tx-held":      {"12 bursts of a notifying commit, then 32 transactions that each enqueue a task due in 2 s and stay open 0-2 s; traffic stops after each: lag commit→Redis, default outbox and relay", enqueueTxHeld(true)},
+		"enqueue-tx-held-off":  {"enqueue-tx-held with migration 00015's late-commit trigger disabled: the stranding before it (run only by name)", enqueueTxHeld(false)},
 		"enqueue-batch":        {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
 		"relay":                {"100,000 pending rows due now moved to Redis; lag commit→Redis under 2,000 tasks/s for 10 s after 1 s of warm-up (--relay-rate)", relayBench},
 		"drain-tx":             {"20,000 tasks due now, 32 slots, no-op transactional handler", drain(drainTx, false)},
