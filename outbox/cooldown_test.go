@@ -30,12 +30,38 @@ func notifications(t *testing.T, pool *pgxpool.Pool, conn *pgx.Conn) []string {
 	}
 }
 
-// enqueueNow enqueues a task due now through q, committed by itself when q is a pool.
-func enqueueNow(t *testing.T, c *outbox.Client, q outbox.Querier, queue, id string) {
+// enqueueNow enqueues a task due now through q, committed by itself when q is a pool,
+// and returns how long the call took.
+func enqueueNow(t *testing.T, c *outbox.Client, q outbox.Querier, queue, id string) time.Duration {
 	t.Helper()
+	t0 := time.Now()
 	if res, err := c.Enqueue(t.Context(), q, outbox.Task{Queue: queue, ID: id}); err != nil || res.Duplicate {
 		t.Fatalf("Enqueue %s/%s: %+v, %v", queue, id, res, err)
 	}
+	return time.Since(t0)
+}
+
+// lateAfter is when the commit of an enqueue that left its notification out
+// notifies after all (migration 00015): a committed enqueue that took less, from
+// its transaction's start, certainly did not. A loaded machine makes even a lone
+// statement take that long now and then.
+const lateAfter = 25 * time.Millisecond
+
+// lateCommits counts the durations of lateAfter or more.
+func lateCommits(ds ...time.Duration) int {
+	n := 0
+	for _, d := range ds {
+		if d >= lateAfter {
+			n++
+		}
+	}
+	return n
+}
+
+// equalBut reports whether got is want with at most extra notifications more, each
+// a repeat of the one before it (a late commit's, which follows its queue's).
+func equalBut(got, want []string, extra int) bool {
+	return slices.Equal(got, want) || len(got) <= len(want)+extra && slices.Equal(slices.Compact(slices.Clone(got)), want)
 }
 
 // TestNotifyCooldown: within the cooldown of a committed notifier, enqueues of
@@ -50,19 +76,21 @@ func TestNotifyCooldown(t *testing.T) {
 	c := newClient(t, outbox.Config{NotifyCooldown: time.Hour})
 
 	enqueueNow(t, c, b.pool, "cool", "a")
-	enqueueNow(t, c, b.pool, "cool", "b")
-	if _, err := c.EnqueueSQL(ctx, b.sqlDB(t), outbox.Task{Queue: "cool", ID: "c"}); err != nil {
+	skipped := []time.Duration{enqueueNow(t, c, b.pool, "cool", "b")}
+	db, t0 := b.sqlDB(t), time.Now()
+	if _, err := c.EnqueueSQL(ctx, db, outbox.Task{Queue: "cool", ID: "c"}); err != nil {
 		t.Fatal(err)
 	}
+	skipped = append(skipped, time.Since(t0))
 	enqueueNow(t, c, b.pool, "other", "a")
-	enqueueNow(t, c, b.pool, "other", "b")
+	skipped = append(skipped, enqueueNow(t, c, b.pool, "other", "b"))
 	// Due later than NotifyWithin: never a notification, nor a notifier.
 	if _, err := c.Enqueue(ctx, b.pool, outbox.Task{Queue: "later", ID: "a", Delay: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	enqueueNow(t, c, b.pool, "later", "b")
-	if got, want := notifications(t, b.pool, l), []string{"cool", "other", "later"}; !slices.Equal(got, want) {
-		t.Fatalf("notifications %q, want %q: one per queue", got, want)
+	if got, want := notifications(t, b.pool, l), []string{"cool", "other", "later"}; !equalBut(got, want, lateCommits(skipped...)) {
+		t.Fatalf("notifications %q, want %q: one per queue (%d late commits)", got, want, lateCommits(skipped...))
 	}
 	if n := count(t, b.pool, "true"); n != 7 {
 		t.Fatalf("%d rows, want 7", n)

@@ -61,9 +61,13 @@ func (n notifyCounter) count(t *testing.T, b testBundle, payload string) int {
 	}
 }
 
-// commitNow commits one task due now through ob in a transaction of its own.
-func (b testBundle) commitNow(t *testing.T, ob *outbox.Client, queue, id string) {
+// commitNow commits one task due now through ob in a transaction of its own, and
+// reports whether the commit may have been late (migration 00015): it came 25ms
+// or more after the transaction began, as happens now and then on a loaded
+// machine, and it notifies if its enqueue left its notification out.
+func (b testBundle) commitNow(t *testing.T, ob *outbox.Client, queue, id string) (late bool) {
 	t.Helper()
+	t0 := time.Now()
 	err := pgx.BeginFunc(ctxT(t), b.pool, func(tx pgx.Tx) error {
 		_, err := ob.Enqueue(ctxT(t), tx, outbox.Task{Queue: queue, ID: id})
 		return err
@@ -71,6 +75,7 @@ func (b testBundle) commitNow(t *testing.T, ob *outbox.Client, queue, id string)
 	if err != nil {
 		t.Fatalf("enqueue %s/%s: %v", queue, id, err)
 	}
+	return time.Since(t0) >= 25*time.Millisecond
 }
 
 // waitReady waits until queue's ready set holds ids (sorted) and returns how long
@@ -126,17 +131,19 @@ func TestSkippedNotificationsRelayed(t *testing.T) {
 	// looked for pending rows and found none, idles: the others are left to the
 	// follow-up.
 	time.Sleep(200 * time.Millisecond)
-	ids := []string{"first"}
+	ids, late := []string{"first"}, 0
 	for i := range 5 {
 		id := fmt.Sprintf("skipped-%d", i)
-		b.commitNow(t, ob, "q", id)
+		if b.commitNow(t, ob, "q", id) {
+			late++
+		}
 		ids = append(ids, id)
 	}
 	d := b.waitReady(t, 5*time.Second, "q", ids...)
 	t.Logf("skipped notifications: in Redis %v after the last commit", d)
 	// Counted after: the marker would wake the relay.
-	if n := l.count(t, b, "q"); n != 1 {
-		t.Fatalf("%d notifications for q, want 1: the others within the cooldown leave theirs out", n)
+	if n := l.count(t, b, "q"); n < 1 || n > 1+late {
+		t.Fatalf("%d notifications for q, want 1 (and %d late commits'): the others within the cooldown leave theirs out", n, late)
 	}
 }
 
@@ -169,12 +176,12 @@ func TestFollowUpAtOnceAfterRows(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no round moved the first task")
 	}
-	b.commitNow(t, ob, "q", "second") // leaves its notification out: first committed
+	late := b.commitNow(t, ob, "q", "second") // leaves its notification out: first committed
 	close(release)
 	d := b.waitReady(t, 3*time.Second, "q", "first", "second")
 	t.Logf("second in Redis %v after the first round's release", d)
-	if n := l.count(t, b, "q"); n != 1 {
-		t.Fatalf("%d notifications for q, want 1: second must have left its own out", n)
+	if n := l.count(t, b, "q"); n != 1 && !(late && n == 2) {
+		t.Fatalf("%d notifications for q, want 1: second must have left its own out (late commit: %v)", n, late)
 	}
 }
 
