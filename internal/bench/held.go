@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -52,7 +53,8 @@ func enqueueTxHeld(late bool) func(ctx context.Context, s *session, r *Result) e
 		}
 		r.Params["poll_interval"] = rl.Config().PollInterval.String()
 		if !late {
-			if _, err := s.pool.Exec(ctx, "ALTER TABLE "+ob.Table()+" DISABLE TRIGGER delayq_outbox_notify_late"); err != nil {
+			st := taskstate.NewStatements(taskstate.Config{Schema: s.schema, NotifyChannel: s.schema})
+			if _, err := s.pool.Exec(ctx, st.NotifyLateOff); err != nil {
 				return err
 			}
 		}

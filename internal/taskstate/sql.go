@@ -89,6 +89,9 @@ type Statements struct {
 
 	// Tests (package delayqtest): the rows of a queue, or of one id.
 	Find string
+	// Benchmarks: NotifyLateOff disables migration 00015's trigger (the late
+	// commit's notification) on the table, for a run of the behaviour before it.
+	NotifyLateOff string
 }
 
 // RowColumns are the columns Lookup and Lock return, in order.
@@ -550,6 +553,8 @@ LIMIT $3`, table),
 		Lock: fmt.Sprintf(`SELECT %s FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])
 ORDER BY task_id
 FOR UPDATE SKIP LOCKED`, RowColumns, table),
+
+		NotifyLateOff: fmt.Sprintf(`ALTER TABLE %s DISABLE TRIGGER delayq_outbox_notify_late`, table),
 
 		// $1 queue, $2 task id ('': every task of the queue), $3 limit.
 		Find: fmt.Sprintf(`SELECT task_id, state, version, attempt, max_attempts, run_at, payload FROM %s
