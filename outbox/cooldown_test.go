@@ -230,6 +230,27 @@ func TestLateCommitNotifies(t *testing.T) {
 		t.Fatalf("the late enqueue's row is not the one marked")
 	}
 
+	// A skipped enqueue rolled back to its savepoint, in a late transaction that
+	// commits: nothing of it is left, nor its notification.
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		sp, err := tx.Begin(ctx) // SAVEPOINT
+		if err != nil {
+			return err
+		}
+		enqueueNow(t, c, sp, "q", "rolled-back")
+		if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := notifications(t, b.pool, l); len(got) != 0 {
+		t.Fatalf("a skipped enqueue rolled back to its savepoint: notifications %q, want none", got)
+	}
+
 	// On a channel of the Client's own, the late commit notifies on it.
 	const channel = "late_custom"
 	lc, err := pgx.Connect(ctx, b.url)
