@@ -351,6 +351,15 @@ func TestSkippedNotificationHeldOpen(t *testing.T) {
 		if n > 2 {
 			t.Errorf("held open %v: %d notifications for %s, want A's and at most B's commit", hold, n, queue)
 		}
+		// The relay's move to queued drops the channel the row carried.
+		eventually(t, 5*time.Second, func() (bool, string) {
+			var state string
+			var late *string
+			if err := b.pool.QueryRow(ctxT(t), `SELECT state, notify_late FROM delayq_outbox WHERE queue = $1 AND task_id = 'b'`, queue).Scan(&state, &late); err != nil {
+				t.Fatal(err)
+			}
+			return state == "queued" && late == nil, fmt.Sprintf("%s/b %s, notify_late %v", queue, state, late)
+		})
 	}
 }
 

@@ -131,9 +131,11 @@ func NewStatements(cfg Config) Statements {
 	// updated by ctid (a TID scan) and returned. They are queued only if the round
 	// commits, after its Redis write; a round that fails rolls back, and the rows
 	// are pending again. (A row updated by someone else between the statement's
-	// snapshot and its lock is not returned, and waits for the next round.)
+	// snapshot and its lock is not returned, and waits for the next round.) The
+	// move drops notify_late (migration 00015): its trigger fired at the insert's
+	// commit, and a queued row need not carry the channel's bytes for its life.
 	const takeDue = `UPDATE %[1]s
-SET state = 'queued', queued_at = now()
+SET state = 'queued', queued_at = now(), notify_late = NULL
 WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM %[1]s
 	WHERE state = 'pending' AND run_at < now() + $1::bigint * interval '1 microsecond'%[2]s
