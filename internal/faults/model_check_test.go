@@ -355,25 +355,34 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 			byQueue = append(byQueue, queueKeys{q, kk})
 		}
 	}
-	// The controls of the sharded queue's other layouts (opReshard): a change of
-	// count writes the new count into the old layout's shards too, so that an
-	// enqueue routed by the old count is refused there. Only the controls: a
-	// task, a ready or an active set there would be misplaced.
-	otherControls := map[string]bool{}
+	// What the sharded queue's other layouts may keep (opReshard): a change of
+	// count writes the new count into the old layout's controls too, so that an
+	// enqueue routed by the old count is refused there, and its minutes of
+	// history expire by themselves. Nothing else: a task, a ready or an active
+	// set there would be misplaced.
+	var otherLayouts []delayq.Keys
 	if n, err := s.dq.Shards(ctx, modelShardQueue); err == nil {
 		for other := 1; other <= 4; other++ {
 			for k := range other {
-				kk, err := delayq.ShardKeys(s.prefix, modelShardQueue, k, other)
-				if err != nil {
+				if kk, err := delayq.ShardKeys(s.prefix, modelShardQueue, k, other); err != nil {
 					s.t.Fatal(err)
+				} else if other != n {
+					otherLayouts = append(otherLayouts, kk)
 				}
-				otherControls[kk.Control] = other != n
 			}
 		}
 	}
+	oldLayout := func(rk string) bool {
+		for _, kk := range otherLayouts {
+			if rk == kk.Control || strings.HasPrefix(rk, kk.History) {
+				return true
+			}
+		}
+		return false
+	}
 	seen := map[key]bool{}
 	for _, rk := range keys {
-		known := otherControls[rk]
+		known := oldLayout(rk)
 		if rk == modelPrefix+":epoch" || strings.HasPrefix(rk, modelPrefix+":{e") && strings.HasSuffix(rk, "}:epoch") {
 			continue // the mark of Redis data loss: one per server, not per task
 		}
