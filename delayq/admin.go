@@ -286,30 +286,18 @@ func (c *Client) repairShard(ctx context.Context, s *redis.Script, queue string,
 	out := make([]bool, 0, len(repairs))
 	for start := 0; start < len(repairs); start += maxRepair {
 		batch := repairs[start:min(start+maxRepair, len(repairs))]
-		args := make([]any, 0, 2+10*len(batch))
+		args := make([]any, 0, 2+(3+taskFields)*len(batch))
 		args = append(args, k.Wake, len(batch))
 		for _, r := range batch {
+			args = append(args, r.Op.String(), r.ID, r.Fingerprint)
 			switch r.Op {
 			case RepairKill:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", r.Error, "", "", "", "", "")
-				continue
+				args = append(args, "", r.Error, "", "", "", "", "", "")
 			case RepairRemove, RepairExpire:
-				args = append(args, r.Op.String(), r.ID, r.Fingerprint, "", "", "", "", "", "", "")
-				continue
+				args = append(args, "", "", "", "", "", "", "", "")
+			default:
+				args = c.appendTask(args, r.Task)
 			}
-			t := r.Task
-			due := "now"
-			if !t.RunAt.IsZero() {
-				due = formatScore(t.RunAt)
-			}
-			maxAtt, ver := t.MaxAttempts, t.Version
-			if maxAtt == 0 {
-				maxAtt = c.cfg.DefaultMaxAttempts
-			}
-			if ver == 0 {
-				ver = 1
-			}
-			args = append(args, "restore", r.ID, r.Fingerprint, due, t.Payload, maxAtt, t.Attempt, ver, startByArg(t.StartBy), t.Priority)
 		}
 		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control}, args...)
 		if err != nil {

@@ -179,27 +179,39 @@ func (c *Client) sendEnqueue(ctx context.Context, batches []QueueTasks, calls []
 
 // enqueueArgs builds the ARGV of one enqueue script call (see lua/enqueue.lua).
 func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool, shards int) []any {
-	args := make([]any, 0, 4+9*len(tasks))
+	args := make([]any, 0, 4+(1+taskFields)*len(tasks))
 	replace := "0"
 	if replaceFinished {
 		replace = "1"
 	}
 	args = append(args, k.Wake, len(tasks), replace, shards)
 	for _, t := range tasks {
-		due := "now"
-		if !t.RunAt.IsZero() {
-			due = formatScore(t.RunAt)
-		}
-		maxAtt, ver := t.MaxAttempts, t.Version
-		if maxAtt == 0 {
-			maxAtt = c.cfg.DefaultMaxAttempts
-		}
-		if ver == 0 {
-			ver = 1
-		}
-		args = append(args, t.ID, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy), t.Priority)
+		args = c.appendTask(append(args, t.ID), t)
 	}
 	return args
+}
+
+// taskFields is how many arguments appendTask adds.
+const taskFields = 8
+
+// appendTask appends what the scripts write into a task hash, in the order both
+// enqueue.lua and repair.lua's restore take it (lib.lua write_task): due,
+// payload, max_attempts, attempt, version, trace context, start_by, priority.
+// Enqueue and restore share it, so a restored task is the relay's, field for
+// field.
+func (c *Client) appendTask(args []any, t Task) []any {
+	due := "now"
+	if !t.RunAt.IsZero() {
+		due = formatScore(t.RunAt)
+	}
+	maxAtt, ver := t.MaxAttempts, t.Version
+	if maxAtt == 0 {
+		maxAtt = c.cfg.DefaultMaxAttempts
+	}
+	if ver == 0 {
+		ver = 1
+	}
+	return append(args, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy), t.Priority)
 }
 
 // startByArg is a start deadline as the scripts take it: Unix ms, rounded down

@@ -71,7 +71,7 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := func(due, max, attempt, ver string) []any {
-		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver, "", "0"}
+		return []any{"restore", "rdy", "fp", due, "payload", max, attempt, ver, "", "", "0"}
 	}
 	enq := []string{k.Ready, k.Active, k.TaskPrefix, k.Dead, k.Priority, k.Control}
 	claimKeys := []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}
@@ -223,10 +223,11 @@ func TestScriptsRejectMalformedArgs(t *testing.T) {
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "0", "0", "1"))},
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "-1", "1"))},
 		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "0"))},
-		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:9], []any{"10"})},
-		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:9], []any{""})},
-		{"repair", repair, lease, cat([]any{w, "2"}, restore("now", "3", "0", "1"), []any{"frob", "rdy", "fp", "", "", "", "", "", "", ""})},
-		{"repair", repair, lease, cat([]any{w, "1"}, []any{"remove", "", "fp", "", "", "", "", "", "", ""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:10], []any{"10"})},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:10], []any{""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, restore("now", "3", "0", "1")[:8], []any{strings.Repeat("c", 513), "", "0"})},
+		{"repair", repair, lease, cat([]any{w, "2"}, restore("now", "3", "0", "1"), []any{"frob", "rdy", "fp", "", "", "", "", "", "", "", ""})},
+		{"repair", repair, lease, cat([]any{w, "1"}, []any{"remove", "", "fp", "", "", "", "", "", "", "", ""})},
 	}
 	snap := b.snapshot(t)
 	for i, tc := range cases {

@@ -159,17 +159,26 @@ func (e *Env) Worker(t testing.TB, cfg worker.Config) *worker.Worker {
 // ran. The result says how the run ended.
 func (e *Env) Work(ctx context.Context, t testing.TB, w *worker.Worker, queue, id string) worker.WorkResult {
 	t.Helper()
-	rows := find(ctx, t, e.Pool, Want{Queue: queue, ID: id})
-	if len(rows) == 0 {
+	rows, err := e.Pool.Query(ctx, statements.Lookup, queue, []string{id})
+	if err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	found, err := pgx.CollectRows(rows, taskstate.ScanRow)
+	if err != nil {
+		t.Fatalf("delayqtest: read the outbox: %v", err)
+	}
+	if len(found) == 0 {
 		t.Fatalf("delayqtest: no task %s/%s in the outbox (was its transaction committed?)", queue, id)
 	}
-	r := rows[0]
-	if r.State != "pending" && r.State != "queued" {
+	r := found[0]
+	if !r.State.Live() {
 		t.Fatalf("delayqtest: task %s/%s is %s", queue, id, r.State)
 	}
-	// Due at the earliest time Redis takes: ahead of every other task of the queue.
-	if _, err := e.DelayQ.Enqueue(ctx, queue, delayq.Task{ID: id, Payload: r.Payload, RunAt: time.Unix(1, 0),
-		MaxAttempts: r.MaxAttempts, Attempt: r.Attempt, Version: r.Version}); err != nil {
+	// The relay's encoding (trace context, deadline, priority and all), but due at
+	// the earliest time Redis takes: ahead of every other task of its priority.
+	task := r.Task()
+	task.RunAt = time.Unix(1, 0)
+	if _, err := e.DelayQ.Enqueue(ctx, queue, task); err != nil {
 		t.Fatalf("delayqtest: put %s/%s into redis: %v", queue, id, err)
 	}
 	res, err := w.Work(ctx, queue)

@@ -216,20 +216,6 @@ func (r *Relay) relayLoop(ctx context.Context) {
 	}
 }
 
-// row is one outbox row of a round.
-type row struct {
-	ctid        pgtype.TID
-	queue, id   string
-	runAt       time.Time
-	payload     []byte
-	attempt     int32
-	maxAttempts int32
-	version     int32
-	trace       *string // the enqueue's trace context, NULL for none
-	startBy     *time.Time
-	priority    int16
-}
-
 // round moves one batch: lock due rows and mark them queued (one statement),
 // enqueue them in Redis in one pipelined round trip, commit. It returns the number of rows
 // selected. On an error nothing is committed: the rows stay pending and the next
@@ -263,7 +249,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		return 0, nil
 	}
 	// RETURNING comes in no particular order: back to run_at order.
-	slices.SortStableFunc(rows, func(a, b row) int { return a.runAt.Compare(b.runAt) })
+	slices.SortStableFunc(rows, func(a, b taskstate.Taken) int { return a.RunAt.Compare(b.RunAt) })
 
 	// Group by queue, keeping run_at order; set aside rows Redis would refuse.
 	var (
@@ -273,29 +259,19 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		badID, badEr []string
 	)
 	for _, x := range rows {
-		t := delayq.Task{
-			ID: x.id, Payload: x.payload, RunAt: x.runAt,
-			MaxAttempts: int(x.maxAttempts), Attempt: int(x.attempt), Version: int(x.version),
-			Priority: int(x.priority),
-		}
-		if x.trace != nil {
-			t.TraceContext = *x.trace
-		}
-		if x.startBy != nil {
-			t.StartBy = *x.startBy
-		}
+		t := x.Task()
 		// A row no Redis key can hold (written by hand or by an older version) is
 		// set dead with the reason, and the round goes on without it.
-		if err := errors.Join(validate.Queue(x.queue), r.dq.ValidateTask(t)); err != nil {
-			bad, badID = append(bad, x.ctid), append(badID, x.queue+"/"+x.id)
+		if err := errors.Join(validate.Queue(x.Queue), r.dq.ValidateTask(t)); err != nil {
+			bad, badID = append(bad, x.CTID), append(badID, x.Queue+"/"+x.ID)
 			badEr = append(badEr, validate.ErrorSummary("relay: Redis cannot hold the task: "+err.Error()))
 			continue
 		}
-		i, ok := byQueue[x.queue]
+		i, ok := byQueue[x.Queue]
 		if !ok {
 			i = len(batches)
-			byQueue[x.queue] = i
-			batches = append(batches, delayq.QueueTasks{Queue: x.queue})
+			byQueue[x.Queue] = i
+			batches = append(batches, delayq.QueueTasks{Queue: x.Queue})
 		}
 		batches[i].Tasks = append(batches[i].Tasks, t)
 	}
@@ -351,7 +327,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 // failure, a reap) locks the row after the round committed, so its own commit
 // record follows the round's in the WAL, and flushing it makes the round durable
 // too (docs/DESIGN.md, "Write orders").
-func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]row, error) {
+func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) {
 	b := &pgx.Batch{}
 	b.Queue("SET LOCAL synchronous_commit TO off")
 	if len(r.cfg.Queues) > 0 {
@@ -368,11 +344,7 @@ func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pgx.CollectRows(res, func(s pgx.CollectableRow) (row, error) {
-		var x row
-		err := s.Scan(&x.ctid, &x.queue, &x.id, &x.runAt, &x.payload, &x.attempt, &x.maxAttempts, &x.version, &x.trace, &x.startBy, &x.priority)
-		return x, err
-	})
+	rows, err := pgx.CollectRows(res, taskstate.ScanTaken)
 	if err != nil {
 		return nil, err
 	}

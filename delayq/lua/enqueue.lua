@@ -44,20 +44,6 @@
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
 -- queue moved earlier. Malformed ARGV: an error reply, nothing written.
 
--- A new task's hash holds its payload and only the fields that differ from their
--- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey): with a
--- small payload the hash is a 32-byte listpack instead of a 48-byte one.
-local function write_new(h, payload, max, ver, attempt, trace, d, y)
-  local f = { 'p', payload }
-  if y > 0 then f[#f + 1] = 'y'; f[#f + 1] = y end
-  if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
-  if d then f[#f + 1] = 'd'; f[#f + 1] = d end
-  if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
-  if ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = ver end
-  if attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = attempt end
-  redis.call('HSET', h, unpack(f))
-end
-
 local function head()
   local h = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if h[2] then return tonumber(h[2]) end
@@ -124,7 +110,7 @@ for i = 1, n do
   local cur = redis.call('HMGET', h, 's', 'v', 'p', 'y')
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
-    write_new(h, payload, max, ver, attempt, trace, d, y)
+    write_task(h, payload, max, ver, attempt, trace, d, y)
     prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
     z[#z + 1] = score
     z[#z + 1] = id

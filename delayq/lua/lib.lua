@@ -59,5 +59,22 @@ local function prio_add(key, ctl, id, y, due_ms)
   end
 end
 
+-- write_task writes the hash h of a new task, as enqueue writes one and repair's
+-- restore writes one back: its payload and only the fields that differ from their
+-- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey), always in
+-- this order, so that a restored task's hash is the relay's byte for byte. With a
+-- small payload the hash is a 32-byte listpack instead of a 48-byte one. d is the
+-- start deadline as given (a string) or nil, y the priority (a number).
+local function write_task(h, payload, max, ver, attempt, trace, d, y)
+  local f = { 'p', payload }
+  if y > 0 then f[#f + 1] = 'y'; f[#f + 1] = y end
+  if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
+  if d then f[#f + 1] = 'd'; f[#f + 1] = d end
+  if max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = max end
+  if ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = ver end
+  if attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = attempt end
+  redis.call('HSET', h, unpack(f))
+end
+
 -- score_ms reads a ready score (Unix seconds, 3 decimals) as Unix ms.
 local function score_ms(s) return math.floor(tonumber(s) * 1000 + 0.5) end

@@ -8,10 +8,11 @@
 --
 -- Operations:
 --   remove   delete the task hash and the id from ready, active and dead
---   restore  the same, then write the task afresh as enqueue writes a new one:
---            ready, the given payload, max_attempts, attempt, version, start
---            deadline and priority (fields at their defaults left out), in ready at
---            the given due time (and in the priority index, with a priority)
+--   restore  the same, then write the task afresh as enqueue writes a new one
+--            (lib.lua write_task): ready, the given payload, max_attempts, attempt,
+--            version, trace context, start deadline and priority (fields at their
+--            defaults left out), in ready at the given due time (and in the
+--            priority index, with a priority)
 --   expire   for an active task that lost its place in active (or sits in another
 --            ZSET too): drop it from ready and dead, and add it to active with score
 --            0 unless it is there, so the reaper takes it back like an expired lease
@@ -27,7 +28,7 @@
 -- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
 -- ARGV[1]  wake channel
 -- ARGV[2]  n, number of repairs (1..1000)
--- then for repair k = 0..n-1, ARGV[3+10k] .. ARGV[12+10k]:
+-- then for repair k = 0..n-1, ARGV[3+11k] .. ARGV[13+11k]:
 --   op            "remove", "restore" or "expire"
 --   id            1..200 bytes
 --   fingerprint   as returned by probe.lua
@@ -36,8 +37,11 @@
 --   max_attempts  restore: 1..1000000; else ""
 --   attempt       restore: 0..1000000; else ""
 --   version       restore: 1..2147483647; else ""
+--   trace         restore: 0..512 bytes, the trace context (as enqueue); else ""
 --   start_by      restore: "" or the start deadline in Unix ms (as enqueue); else ""
 --   priority      restore: 0..9 (as enqueue); else ""
+--   (restore's fields after the fingerprint are enqueue's after the id: the Go
+--   client writes both with one function, Client.appendTask)
 --
 -- Returns an array of n integers: 1 applied, 0 changed since the probe, or a kill or
 -- expire of a task without a hash (nothing done).
@@ -66,7 +70,7 @@ local function head()
   return nil
 end
 
-local W = 10
+local W = 11
 local n = int(ARGV[2], 1, 1000)
 if n == nil then return fail('n must be an integer in 1..1000') end
 if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -103,11 +107,13 @@ for k = 0, n - 1 do
     if r.attempt == nil then return fail('repair ' .. k .. ': attempt must be an integer in 0..1000000') end
     r.ver = int(ARGV[b + 7], 1, 2147483647)
     if r.ver == nil then return fail('repair ' .. k .. ': version must be an integer in 1..2147483647') end
-    if ARGV[b + 8] ~= '' then
-      r.d = int(ARGV[b + 8], 1, 1e14)
-      if r.d == nil then return fail('repair ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
+    r.trace = ARGV[b + 8]
+    if #r.trace > 512 then return fail('repair ' .. k .. ': trace context must have 0..512 bytes') end
+    if ARGV[b + 9] ~= '' then
+      if int(ARGV[b + 9], 1, 1e14) == nil then return fail('repair ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
+      r.d = ARGV[b + 9]
     end
-    r.y = int(ARGV[b + 9], 0, 9)
+    r.y = int(ARGV[b + 10], 0, 9)
     if r.y == nil then return fail('repair ' .. k .. ': priority must be an integer in 0..9') end
   elseif op == 'kill' then
     r.msg = ARGV[b + 4]
@@ -149,14 +155,7 @@ for i, r in ipairs(reps) do
       redis.call('ZREM', KEYS[3], id)
       redis.call('DEL', h)
       if r.op == 'restore' then
-        -- As enqueue writes a new task: fields at their defaults left out.
-        local f = { 'p', r.payload }
-        if r.max ~= 25 then f[#f + 1] = 'm'; f[#f + 1] = r.max end
-        if r.ver ~= 1 then f[#f + 1] = 'v'; f[#f + 1] = r.ver end
-        if r.attempt > 0 then f[#f + 1] = 'a'; f[#f + 1] = r.attempt end
-        if r.d then f[#f + 1] = 'd'; f[#f + 1] = r.d end
-        if r.y > 0 then f[#f + 1] = 'y'; f[#f + 1] = r.y end
-        redis.call('HSET', h, unpack(f))
+        write_task(h, r.payload, r.max, r.ver, r.attempt, r.trace, r.d, r.y)
         redis.call('ZADD', KEYS[1], r.score, id)
         prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
       end

@@ -94,8 +94,8 @@ type Statements struct {
 	NotifyLateOff string
 }
 
-// RowColumns are the columns Lookup and Lock return, in order.
-const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, start_by, priority`
+// RowColumns are the columns Lookup and Lock return, in order: ScanRow reads them.
+const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, trace_context, start_by, priority`
 
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 )
 
 // Kind names an inconsistency between Postgres and Redis, or inside Redis. See the
@@ -70,18 +71,9 @@ const (
 	stateCancelled = "cancelled"
 )
 
-// row is an outbox row as reconcile reads it.
-type row struct {
-	id          string
-	state       string
-	version     int
-	attempt     int
-	maxAttempts int
-	runAt       time.Time
-	payload     []byte
-	startBy     *time.Time
-	priority    int
-}
+// row is an outbox row as reconcile reads it (Page and PageQueued fill the id,
+// the state and the version alone).
+type row = taskstate.RedisRow
 
 // verdict is what classify decides for one task.
 type verdict struct {
@@ -133,7 +125,7 @@ func classify(r *row, p delayq.Probe, now time.Time, grace time.Duration) verdic
 		}
 		return verdict{}
 	}
-	switch r.state {
+	switch r.State {
 	case statePending:
 		// The relay's: it enqueues the row, replacing an older version.
 		if internal != "" {
@@ -155,7 +147,7 @@ func classify(r *row, p delayq.Probe, now time.Time, grace time.Duration) verdic
 			}
 			return verdict{kind: DeadInRedis, op: delayq.RepairRestore}
 		}
-		if p.Version != r.version {
+		if p.Version != r.Version {
 			return verdict{kind: VersionMismatch, op: delayq.RepairRestore}
 		}
 		if internal != "" {
@@ -188,23 +180,16 @@ func classify(r *row, p delayq.Probe, now time.Time, grace time.Duration) verdic
 	}
 }
 
-// restoreTask is the task a restore writes: the outbox row's, with its attempts (the
+// restoreTask is the task a restore writes: the outbox row's as the relay writes it
+// (RedisRow.Task, the one encoder), with its attempts (the
 // larger count of the two stores, so that runs are never given back, but at most
 // max_attempts-1, since Postgres says the task is not dead).
 func restoreTask(r *row, p delayq.Probe) delayq.Task {
-	attempt := r.attempt
-	if p.Version == r.version && p.Attempt > attempt {
-		attempt = p.Attempt
+	t := r.Task()
+	if p.Version == r.Version && p.Attempt > t.Attempt {
+		t.Attempt = p.Attempt
 	}
-	attempt = max(0, min(attempt, r.maxAttempts-1))
-	t := delayq.Task{
-		ID: r.id, Payload: r.payload, RunAt: r.runAt,
-		MaxAttempts: r.maxAttempts, Attempt: attempt, Version: r.version,
-		Priority: r.priority,
-	}
-	if r.startBy != nil {
-		t.StartBy = *r.startBy
-	}
+	t.Attempt = max(0, min(t.Attempt, r.MaxAttempts-1))
 	return t
 }
 
@@ -213,7 +198,7 @@ func describeRow(r *row) string {
 	if r == nil {
 		return "no row"
 	}
-	return fmt.Sprintf("%s v%d", r.state, r.version)
+	return fmt.Sprintf("%s v%d", r.State, r.Version)
 }
 
 func describeProbe(p delayq.Probe) string {

@@ -13,7 +13,7 @@ import (
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_800_000_000, 0)
-	queued := &row{state: stateQueued, version: 2, attempt: 1, maxAttempts: 3}
+	queued := &row{State: stateQueued, Version: 2, Attempt: 1, MaxAttempts: 3}
 	for _, c := range []struct {
 		name string
 		r    *row
@@ -27,15 +27,15 @@ func TestClassify(t *testing.T) {
 			StatusMismatch, delayq.RepairExpire},
 		{"active without its member", queued, delayq.Probe{State: delayq.StateActive, Version: 2},
 			HashWithoutMember, delayq.RepairExpire},
-		{"done with a member", &row{state: stateDone}, delayq.Probe{State: delayq.StateDone, InReady: true},
+		{"done with a member", &row{State: stateDone}, delayq.Probe{State: delayq.StateDone, InReady: true},
 			StatusMismatch, delayq.RepairRemove},
-		{"dead in both, not in the dead ZSET", &row{state: stateDead}, delayq.Probe{State: delayq.StateDead},
+		{"dead in both, not in the dead ZSET", &row{State: stateDead}, delayq.Probe{State: delayq.StateDead},
 			HashWithoutMember, delayq.RepairRemove},
 		{"dead in Redis, no time of death", queued, delayq.Probe{State: delayq.StateDead, Version: 2},
 			DeadInRedis, delayq.RepairRestore},
 		{"newer version in Redis", queued, delayq.Probe{State: delayq.StateReady, Version: 3, InReady: true},
 			VersionMismatch, delayq.RepairRestore},
-		{"cancelled with a done record", &row{state: stateCancelled}, delayq.Probe{State: delayq.StateDone}, "", 0},
+		{"cancelled with a done record", &row{State: stateCancelled}, delayq.Probe{State: delayq.StateDone}, "", 0},
 		{"no row, done record", nil, delayq.Probe{State: delayq.StateDone}, "", 0},
 		{"no row, nothing", nil, delayq.Probe{}, "", 0},
 	} {

@@ -248,7 +248,7 @@ func (e *engine) walkPostgres(ctx context.Context, q string) error {
 		}
 		page, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 			var x row
-			err := r.Scan(&x.id, &x.state, &x.version)
+			err := r.Scan(&x.ID, &x.State, &x.Version)
 			return x, err
 		})
 		if err != nil {
@@ -257,7 +257,7 @@ func (e *engine) walkPostgres(ctx context.Context, q string) error {
 		if len(page) == 0 {
 			break
 		}
-		after = page[len(page)-1].id
+		after = page[len(page)-1].ID
 		if err := e.comparePage(ctx, q, page); err != nil {
 			return err
 		}
@@ -279,8 +279,8 @@ func (e *engine) comparePage(ctx context.Context, q string, page []row) error {
 	var ids []string
 	var valid []row
 	for _, r := range page {
-		if validate.TaskID(r.id) == nil {
-			ids = append(ids, r.id)
+		if validate.TaskID(r.ID) == nil {
+			ids = append(ids, r.ID)
 			valid = append(valid, r)
 		}
 	}
@@ -338,7 +338,7 @@ func (p *Pass) Step(ctx context.Context, queue, after string) (last string, n in
 	}
 	page, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.state, &x.version)
+		err := r.Scan(&x.ID, &x.State, &x.Version)
 		return x, err
 	})
 	if err != nil {
@@ -354,7 +354,7 @@ func (p *Pass) Step(ctx context.Context, queue, after string) (last string, n in
 	if len(page) < p.e.o.BatchSize {
 		return "", len(page), nil
 	}
-	return page[len(page)-1].id, len(page), nil
+	return page[len(page)-1].ID, len(page), nil
 }
 
 // Report returns what the pass found and repaired since NewPass or the last Reset.
@@ -556,7 +556,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	}
 	var back []string
 	for _, id := range absentRemoved {
-		if r := now2[id]; r != nil && r.state == stateQueued {
+		if r := now2[id]; r != nil && r.State == stateQueued {
 			back = append(back, id)
 		}
 	}
@@ -620,17 +620,13 @@ func (e *engine) readRows(ctx context.Context, db querier, sql, q string, ids []
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
 	}
-	defer rows.Close()
-	out := make(map[string]*row, len(ids))
-	for rows.Next() {
-		r := &row{}
-		if err := rows.Scan(&r.id, &r.state, &r.version, &r.attempt, &r.maxAttempts, &r.runAt, &r.payload, &r.startBy, &r.priority); err != nil {
-			return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
-		}
-		out[r.id] = r
-	}
-	if err := rows.Err(); err != nil {
+	list, err := pgx.CollectRows(rows, taskstate.ScanRow)
+	if err != nil {
 		return nil, fmt.Errorf("reconcile: read %s: %w", q, err)
+	}
+	out := make(map[string]*row, len(list))
+	for i := range list {
+		out[list[i].ID] = &list[i]
 	}
 	return out, nil
 }
