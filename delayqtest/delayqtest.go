@@ -32,6 +32,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -208,7 +209,7 @@ type Want struct {
 // Enqueued is an outbox row a Require function found.
 type Enqueued struct {
 	Queue, ID   string
-	State       string
+	State       delayqtype.State
 	Version     int
 	Attempt     int
 	MaxAttempts int

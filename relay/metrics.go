@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/promreg"
 )
 
@@ -179,9 +180,9 @@ func (m *metrics) Observe(_ context.Context, e Event) {
 	case LagEvent:
 		m.lag.Set(e.Lag.Seconds())
 	case DepthEvent:
-		for state, n := range map[string]int64{"pending": e.Pending, "queued": e.Queued, "dead": e.Dead,
-			"done": e.Done, "cancelled": e.Cancelled} {
-			m.depth.WithLabelValues(state).Set(float64(n))
+		for state, n := range map[delayqtype.State]int64{delayqtype.StatePending: e.Pending, delayqtype.StateQueued: e.Queued,
+			delayqtype.StateDead: e.Dead, delayqtype.StateDone: e.Done, delayqtype.StateCancelled: e.Cancelled} {
+			m.depth.WithLabelValues(string(state)).Set(float64(n))
 		}
 	case OverdueEvent:
 		m.overdue.WithLabelValues(e.Queue).Set(float64(e.Tasks))

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/delayq/delayq/delayqtype"
 )
 
 // depthCap bounds the exact counts of pending, queued and dead rows: past it a
@@ -44,9 +46,9 @@ func (r *Relay) refreshStats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	estimates := map[string]int64{"done": 0, "cancelled": 0}
+	estimates := map[delayqtype.State]int64{delayqtype.StateDone: 0, delayqtype.StateCancelled: 0}
 	var (
-		state string
+		state delayqtype.State
 		n     int64
 	)
 	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
@@ -57,7 +59,7 @@ func (r *Relay) refreshStats(ctx context.Context) error {
 		return err
 	}
 	r.observe(ctx, DepthEvent{Pending: pending, Queued: queued, Dead: dead,
-		Done: estimates["done"], Cancelled: estimates["cancelled"]})
+		Done: estimates[delayqtype.StateDone], Cancelled: estimates[delayqtype.StateCancelled]})
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/relay/reconcile"
 )
 
@@ -61,7 +62,7 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 			mark = "~"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s%d\t%d\t%s%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
-			p["pending"], p["queued"], mark, p["done"], p["dead"], mark, p["cancelled"],
+			p[delayqtype.StatePending], p[delayqtype.StateQueued], mark, p[delayqtype.StateDone], p[delayqtype.StateDead], mark, p[delayqtype.StateCancelled],
 			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead, s.Overdue,
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}

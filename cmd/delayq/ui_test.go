@@ -115,7 +115,7 @@ func TestUICountsEqualStats(t *testing.T) {
 		exp := map[string]int64{"redis_ready": s.Ready, "redis_due_now": s.DueNow, "redis_active": s.Active,
 			"redis_expired_leases": s.ExpiredLeases, "redis_dead": s.Dead, "redis_overdue": s.Overdue}
 		for st, n := range s.Postgres {
-			exp[st] = n
+			exp[string(st)] = n
 		}
 		if fmt.Sprint(got) != fmt.Sprint(exp) {
 			t.Errorf("%s: UI %v, stats --json %v", s.Queue, got, exp)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -121,7 +122,7 @@ func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) er
 	// Every row pending before is in Redis once none is pending (rows queued by an
 	// earlier phase of the workload are counted in neither).
 	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-		n, err := s.countState(ctx, "pending")
+		n, err := s.countState(ctx, delayqtype.StatePending)
 		return n == 0, err
 	})
 	if serr := stopRelay(); err == nil {
@@ -130,7 +131,7 @@ func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) er
 	return err
 }
 
-func (s *session) countState(ctx context.Context, state string) (int, error) {
+func (s *session) countState(ctx context.Context, state delayqtype.State) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE state = $1", state).Scan(&n)
 	return n, err
@@ -157,7 +158,7 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 	})
 	if err == nil {
 		err = waitFor(ctx, time.Minute, "the last round to commit", func() (bool, error) {
-			q, err := s.countState(ctx, "queued")
+			q, err := s.countState(ctx, delayqtype.StateQueued)
 			return q == n, err
 		})
 	}
@@ -417,7 +418,7 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 			return err
 		}
 		err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-			q, err := s.countState(ctx, "queued")
+			q, err := s.countState(ctx, delayqtype.StateQueued)
 			return q == n, err
 		})
 		if serr := stopRelay(); err == nil {
@@ -464,7 +465,7 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		if err != nil {
 			return err
 		}
-		done, err := s.countState(ctx, "done")
+		done, err := s.countState(ctx, delayqtype.StateDone)
 		if err != nil {
 			return err
 		}
@@ -630,7 +631,7 @@ func idle(ctx context.Context, s *session, r *Result) error {
 		return err
 	}
 	if err := waitFor(ctx, time.Minute, "the task in Redis", func() (bool, error) {
-		q, err := s.countState(ctx, "queued")
+		q, err := s.countState(ctx, delayqtype.StateQueued)
 		return q == 1, err
 	}); err != nil {
 		_ = stopRelay()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -189,7 +190,7 @@ func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) err
 	if !sleepCtx(ctx, time.Until(start.Add(lossAt))) {
 		return ctx.Err()
 	}
-	queued, err := s.countState(ctx, "queued")
+	queued, err := s.countState(ctx, delayqtype.StateQueued)
 	if err != nil {
 		return err
 	}
@@ -200,7 +201,7 @@ func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) err
 	r.Params["queued_at_loss"] = queued
 
 	if err := waitFor(ctx, lead+spread+2*time.Minute, "every task to finish", func() (bool, error) {
-		done, err := s.countState(ctx, "done")
+		done, err := s.countState(ctx, delayqtype.StateDone)
 		return done == n, err
 	}); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -196,7 +197,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	start := time.Now()
 	stopRelay := s.background(ctx, rl.Run)
 	err = waitFor(ctx, 5*time.Minute, "tasks in Redis", func() (bool, error) {
-		q, err := s.countQueue(ctx, queue, "queued")
+		q, err := s.countQueue(ctx, queue, delayqtype.StateQueued)
 		return q == n, err
 	})
 	elapsed := time.Since(start)
@@ -272,7 +273,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 			}
 		}
 	}
-	done, err := s.countQueue(ctx, queue, "done")
+	done, err := s.countQueue(ctx, queue, delayqtype.StateDone)
 	if err != nil {
 		return err
 	}
@@ -289,7 +290,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	return nil
 }
 
-func (s *session) countQueue(ctx context.Context, queue, state string) (int, error) {
+func (s *session) countQueue(ctx context.Context, queue string, state delayqtype.State) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE queue = $1 AND state = $2", queue, state).Scan(&n)
 	return n, err

@@ -15,48 +15,29 @@ package taskstate
 import (
 	"fmt"
 	"strings"
+
+	"github.com/delayq/delayq/delayqtype"
 )
 
-// State is the state of a task in the outbox, the column state.
-type State string
+// State is the state of a task in the outbox, the column state: the public type
+// delayqtype.State, which users name too. The owner keeps short names for it.
+type State = delayqtype.State
 
-// The states. pending and queued are live (the task still has to run); done, dead
-// and cancelled are finished. A finished row is kept for the retention (dead rows
-// until a person retries or purges them), then deleted.
+// The states (delayqtype's). pending and queued are live (the task still has to
+// run); done, dead and cancelled are finished.
 const (
-	// Pending: committed by the producer, not yet in Redis (or rescheduled, or
-	// retried from dead: a new version waits for the relay).
-	Pending State = "pending"
-	// Queued: the relay put this version in Redis.
-	Queued State = "queued"
-	// Done: a run's completion committed (for a transactional handler, together
-	// with its effect).
-	Done State = "done"
-	// Dead: out of attempts, told not to retry, or refused as invalid; it waits
-	// for a person.
-	Dead State = "dead"
-	// Cancelled by the producer before it finished.
-	Cancelled State = "cancelled"
+	Pending   = delayqtype.StatePending
+	Queued    = delayqtype.StateQueued
+	Done      = delayqtype.StateDone
+	Dead      = delayqtype.StateDead
+	Cancelled = delayqtype.StateCancelled
 )
 
 // States lists every state, live ones first.
-var States = []State{Pending, Queued, Done, Dead, Cancelled}
-
-// Live reports whether the task still has to run: pending or queued.
-func (s State) Live() bool { return s == Pending || s == Queued }
-
-// Finished reports whether the task needs no run any more.
-func (s State) Finished() bool { return s == Done || s == Dead || s == Cancelled }
+var States = delayqtype.States()
 
 // Parse reads a state from the database.
-func Parse(s string) (State, error) {
-	for _, st := range States {
-		if string(st) == s {
-			return st, nil
-		}
-	}
-	return "", fmt.Errorf("taskstate: unknown state %q", s)
-}
+func Parse(s string) (State, error) { return delayqtype.ParseState(s) }
 
 // Kept, as a transition's To, means the row's state is left as it was.
 const Kept State = "(kept)"

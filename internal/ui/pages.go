@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/relay/reconcile"
 )
@@ -61,6 +62,8 @@ func (h *Handler) newPage(r *http.Request, who string) *page {
 }
 
 var funcs = template.FuncMap{
+	// count is a queue's count of rows in a state: {{count .Postgres "dead"}}.
+	"count": func(m map[delayqtype.State]int64, s delayqtype.State) int64 { return m[s] },
 	"ts": func(t time.Time) string {
 		if t.IsZero() {
 			return "–"
@@ -224,7 +227,7 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 // active in Redis, every dead row dead. The counts are read one after the other,
 // so a busy queue may differ for a moment; the consistency check is the word.
 func agreeCounts(s reconcile.QueueStats) (bool, string) {
-	queued, dead := s.Postgres["queued"], s.Postgres["dead"]
+	queued, dead := s.Postgres[delayqtype.StateQueued], s.Postgres[delayqtype.StateDead]
 	var notes []string
 	if live := s.Ready + s.Active; live != queued {
 		notes = append(notes, fmt.Sprintf("queued %d in Postgres, %d ready or active in Redis", queued, live))
@@ -253,7 +256,7 @@ type tasksData struct {
 	Rows               []listRow
 	Next               template.URL // the next page, "" for none
 	First              template.URL // the first page
-	Kind               string       // "tasks" or "dead"
+	Kind               listKind
 	RedisUnavailable   string
 	PurgeAllQueue      string
 	ConfirmPurgeAllFor string
@@ -271,11 +274,19 @@ func parseTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("time %q: want RFC 3339 or YYYY-MM-DD[ HH:MM[:SS]] (UTC)", s)
 }
 
-func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind string) {
+// listKind is a list page: every task, or the dead letters. It is the page's path.
+type listKind string
+
+const (
+	taskList listKind = "tasks"
+	deadList listKind = "dead" // the dead letters: the tasks in state dead
+)
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind listKind) {
 	q := r.URL.Query()
 	d := tasksData{Kind: kind, States: taskstate.States,
 		Queue: q.Get("queue"), State: q.Get("state"), Prefix: q.Get("prefix"), From: q.Get("from"), To: q.Get("to")}
-	if kind == "dead" {
+	if kind == deadList {
 		d.State = string(taskstate.Dead)
 	}
 	// An exact id goes to its page.
@@ -296,7 +307,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind str
 	if err == nil && f.Queue == "" && (f.Prefix != "" || f.State == "" || f.State == taskstate.Queued) {
 		err = errors.New("choose a queue to list its tasks by id (or a state: pending, done, dead or cancelled)")
 	}
-	if kind == "dead" {
+	if kind == deadList {
 		p.Title = "Dead letters"
 	} else {
 		p.Title = "Tasks"
@@ -334,7 +345,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind str
 		}
 	}
 	// Built from url.Values, so the URLs are safe as they are.
-	d.First = template.URL(h.cfg.BasePath + "/" + kind + "?" + base.Encode())
+	d.First = template.URL(h.cfg.BasePath + "/" + string(kind) + "?" + base.Encode())
 	if next != (taskstate.Cursor{}) {
 		nv := url.Values{}
 		for k, v := range base {
@@ -345,9 +356,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind str
 		}
 		nv.Set("cq", next.Queue)
 		nv.Set("cid", next.ID)
-		d.Next = template.URL(h.cfg.BasePath + "/" + kind + "?" + nv.Encode())
+		d.Next = template.URL(h.cfg.BasePath + "/" + string(kind) + "?" + nv.Encode())
 	}
-	if kind == "dead" && d.Queue != "" {
+	if kind == deadList && d.Queue != "" {
 		d.PurgeAllQueue = d.Queue
 	}
 	h.render(w, p, "tasks", d)
@@ -420,9 +431,11 @@ func agree(row taskstate.BrowseRow, rd delayq.TaskInfo) (bool, string) {
 }
 
 func (h *Handler) tasksPage(w http.ResponseWriter, r *http.Request, p *page) {
-	h.list(w, r, p, "tasks")
+	h.list(w, r, p, taskList)
 }
-func (h *Handler) deadPage(w http.ResponseWriter, r *http.Request, p *page) { h.list(w, r, p, "dead") }
+func (h *Handler) deadPage(w http.ResponseWriter, r *http.Request, p *page) {
+	h.list(w, r, p, deadList)
+}
 
 // --- task ---
 

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -93,8 +94,18 @@ func (b testBundle) redisNow(t *testing.T) time.Time {
 }
 
 // pgRow is an outbox row a test writes directly.
+// The states, by the short names the tests use.
+const (
+	statePending   = delayqtype.StatePending
+	stateQueued    = delayqtype.StateQueued
+	stateDone      = delayqtype.StateDone
+	stateDead      = delayqtype.StateDead
+	stateCancelled = delayqtype.StateCancelled
+)
+
 type pgRow struct {
-	queue, id, state   string
+	queue, id          string
+	state              delayqtype.State
 	version, attempt   int
 	runAt              time.Time
 	maxAttempts        int
@@ -219,7 +230,7 @@ coalesce(last_error, ''), queued_at, done_at FROM %s ORDER BY queue, task_id`, b
 	return sb.String()
 }
 
-func (b testBundle) state(t *testing.T, q, id string) (state string, attempt, version int) {
+func (b testBundle) state(t *testing.T, q, id string) (state delayqtype.State, attempt, version int) {
 	t.Helper()
 	err := b.pool.QueryRow(context.Background(),
 		fmt.Sprintf(`SELECT state, attempt, version FROM %s WHERE queue = $1 AND task_id = $2`, b.table), q, id).

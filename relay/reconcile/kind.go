@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
@@ -62,15 +63,6 @@ func (k Kind) Describe() string {
 	return string(k)
 }
 
-// Postgres states of an outbox row.
-const (
-	statePending   = "pending"
-	stateQueued    = "queued"
-	stateDone      = "done"
-	stateDead      = "dead"
-	stateCancelled = "cancelled"
-)
-
 // row is an outbox row as reconcile reads it (Page and PageQueued fill the id,
 // the state and the version alone).
 type row = taskstate.RedisRow
@@ -126,13 +118,13 @@ func classify(r *row, p delayq.Probe, now time.Time, grace time.Duration) verdic
 		return verdict{}
 	}
 	switch r.State {
-	case statePending:
+	case delayqtype.StatePending:
 		// The relay's: it enqueues the row, replacing an older version.
 		if internal != "" {
 			return verdict{kind: internal, why: "pending: left to the relay"}
 		}
 		return verdict{}
-	case stateQueued:
+	case delayqtype.StateQueued:
 		switch p.State {
 		case delayq.StateMissing:
 			if anyMember {
@@ -161,7 +153,7 @@ func classify(r *row, p delayq.Probe, now time.Time, grace time.Duration) verdic
 			return verdict{expired: true}
 		}
 		return verdict{}
-	case stateDead:
+	case delayqtype.StateDead:
 		if p.State == delayq.StateReady || p.State == delayq.StateActive {
 			return verdict{kind: DeadInPostgres, op: delayq.RepairRemove}
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -556,7 +557,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	}
 	var back []string
 	for _, id := range absentRemoved {
-		if r := now2[id]; r != nil && r.State == stateQueued {
+		if r := now2[id]; r != nil && r.State == delayqtype.StateQueued {
 			back = append(back, id)
 		}
 	}

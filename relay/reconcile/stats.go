@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
@@ -19,7 +20,7 @@ import (
 type QueueStats struct {
 	Queue string `json:"queue"`
 	// Postgres counts the outbox rows by state; every state is present.
-	Postgres map[string]int64 `json:"postgres"`
+	Postgres map[delayqtype.State]int64 `json:"postgres"`
 	// Estimated: the done and cancelled counts of Postgres are estimates from the
 	// planner's statistics (as fresh as the table's last ANALYZE, autovacuum's
 	// included), not counts; the others are exact. See Stats.
@@ -75,11 +76,6 @@ func (s *QueueStats) UnmarshalJSON(b []byte) error {
 // QueueStats (the relay's delayq_relay_overdue_tasks default too).
 const OverdueAfter = time.Minute
 
-// States lists the outbox states in their lifecycle order.
-func States() []string {
-	return []string{statePending, stateQueued, stateDone, stateDead, stateCancelled}
-}
-
 // EstimateFinishedAbove is the outbox size (in rows, by the planner's estimate)
 // above which Stats estimates the done and cancelled rows instead of counting
 // them, unless Options.ExactCounts. Below it an exact count reads the whole table
@@ -111,8 +107,8 @@ func Stats(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Queue
 	out := make([]QueueStats, len(qs))
 	byQueue := make(map[string]*QueueStats, len(qs))
 	for i, q := range qs {
-		out[i] = QueueStats{Queue: q, Postgres: map[string]int64{}}
-		for _, s := range States() {
+		out[i] = QueueStats{Queue: q, Postgres: map[delayqtype.State]int64{}}
+		for _, s := range delayqtype.States() {
 			out[i].Postgres[s] = 0
 		}
 		byQueue[q] = &out[i]
@@ -159,13 +155,15 @@ func postgresStats(ctx context.Context, db DB, st taskstate.Statements, o Option
 	b := &pgx.Batch{}
 	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
 	type estimate struct {
-		queue, state string
-		freq         float64
+		queue string
+		state delayqtype.State
+		freq  float64
 	}
 	var (
 		rows      float64
 		estimates []estimate
-		q, state  string
+		q         string
+		state     delayqtype.State
 		n         int64
 	)
 	b.Queue(st.FinishedEstimate, o.Schema).Query(func(r pgx.Rows) error {
@@ -173,7 +171,7 @@ func postgresStats(ctx context.Context, db DB, st taskstate.Statements, o Option
 		var f pgtype.Float8
 		_, err := pgx.ForEachRow(r, []any{&rows, &eq, &es, &f}, func() error {
 			if eq.Valid && es.Valid && f.Valid {
-				estimates = append(estimates, estimate{eq.String, es.String, f.Float64})
+				estimates = append(estimates, estimate{eq.String, delayqtype.State(es.String), f.Float64})
 			}
 			return nil
 		})

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/delayq/delayq/delayqtype"
 )
 
 // Above the size where Stats estimates (here 1,000 rows), the done and cancelled
@@ -36,16 +38,17 @@ FROM generate_series(1, 3000) AS i,
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]map[string]int64{}
+	want := map[string]map[delayqtype.State]int64{}
 	for rows.Next() {
-		var q, s string
+		var q string
+		var s delayqtype.State
 		var n int64
 		if err := rows.Scan(&q, &s, &n); err != nil {
 			t.Fatal(err)
 		}
 		if want[q] == nil {
-			want[q] = map[string]int64{}
-			for _, st := range States() {
+			want[q] = map[delayqtype.State]int64{}
+			for _, st := range delayqtype.States() {
 				want[q][st] = 0
 			}
 		}
@@ -86,11 +89,11 @@ FROM generate_series(1, 3000) AS i,
 	if _, err := b.pool.Exec(ctx, `UPDATE delayq_outbox SET state = 'done', done_at = now() WHERE queue = 'c' AND state = 'queued'`); err != nil {
 		t.Fatal(err)
 	}
-	want["c"]["queued"] = 0
+	want["c"][stateQueued] = 0
 	st, err := Stats(ctx, b.pool, b.dq, Options{estimateAbove: 1000, Queues: []string{"c"}})
 	if err != nil || len(st) != 1 || fmt.Sprint(st[0].Postgres) != fmt.Sprint(want["c"]) {
 		t.Errorf("after an update: %+v %v, want %v", st, err, want["c"])
 	}
-	want["c"]["done"] = 400
+	want["c"][stateDone] = 400
 	check("exact after an update", Options{estimateAbove: 1000, ExactCounts: true}, false)
 }
