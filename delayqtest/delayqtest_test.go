@@ -194,3 +194,31 @@ func TestNewNeedsServers(t *testing.T) {
 		t.Errorf("New without a postgres URL failed with %q", msg)
 	}
 }
+
+// Work hands the handler the task as the relay would: its trace context and
+// start deadline too (the kit once built the task by hand and left them out).
+func TestWorkHandsTheRelaysTask(t *testing.T) {
+	t.Parallel()
+	e := env(t)
+	ctx := context.Background()
+	w := e.Worker(t, worker.Config{})
+	var got *worker.Task
+	if err := worker.Register(w, charges, func(_ context.Context, tk *worker.Task, _ charge) error {
+		got = tk
+		return nil
+	}, worker.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	const trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	startBy := time.Now().Add(2 * time.Hour).Truncate(time.Millisecond)
+	if _, err := charges.Enqueue(ctx, e.Outbox, e.Pool, outbox.Task{ID: "o-9", Delay: time.Hour, TraceContext: trace,
+		StartBy: startBy, Priority: 3}, charge{"o-9", 1}); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.Work(ctx, t, w, "charge", "o-9"); res.Outcome != worker.OutcomeSucceeded || got == nil {
+		t.Fatalf("o-9: %+v", res)
+	}
+	if got.TraceContext != trace || !got.StartBy.Equal(startBy) {
+		t.Errorf("the handler got trace context %q, start deadline %v; want %q, %v", got.TraceContext, got.StartBy, trace, startBy)
+	}
+}
