@@ -93,9 +93,11 @@ func registryKey(prefix string) string { return prefix + ":queues" }
 //	e  last error summary, after a failure
 //	d  start deadline in Unix ms, only for a task that has one (outbox.Task.StartBy)
 //	y  priority 1..9, only for a task that has one (absent = 0; outbox.Task.Priority)
+//	c  trace context, only for a task that has one (outbox.Task.TraceContext)
 //
 // A new task is written with p and only the fields that differ from their defaults,
-// so a ready task with default settings is a one-field hash. Scripts read both forms.
+// in one order (lib.lua write_task, for enqueue and for repair's restore alike), so
+// a ready task with default settings is a one-field hash. Scripts read both forms.
 // The hash is also the Redis dedupe record: enqueue of an id whose hash exists is a
 // duplicate. A done task keeps only "s" (and "v"), with the done retention as its TTL.
 //

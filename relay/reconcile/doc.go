@@ -40,7 +40,9 @@
 // someone else are skipped and counted; the next run sees them. A restore writes the
 // task only where the compare-and-set finds Redis as it was, so a task is never
 // enqueued twice, and the worker's completion guard in Postgres keeps the effect
-// single even for a task that was running when Redis lost it.
+// single even for a task that was running when Redis lost it. It writes the task
+// the relay's round would (taskstate.RedisRow.Task): payload, due time, attempts,
+// version, trace context, start deadline and priority.
 //
 // A task queued in Postgres and dead in Redis is left alone until its death is older
 // than Options.Grace: whoever declares a task dead writes Postgres first, so this is
