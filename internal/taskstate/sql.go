@@ -94,7 +94,8 @@ type Statements struct {
 	NotifyLateOff string
 }
 
-// RowColumns are the columns Lookup and Lock return, in order: ScanRow reads them.
+// RowColumns are the columns Lookup and Lock return, in order, and TakeDue after
+// the ctid and the queue: ScanRow and ScanTaken read them.
 const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, trace_context, start_by, priority`
 
 // NewStatements builds the statements for cfg.
@@ -149,7 +150,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, task_id, run_at, payload, attempt, max_attempts, version, trace_context, start_by, priority`
+RETURNING ctid, queue, ` + RowColumns
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`

@@ -15,7 +15,7 @@ import (
 // kit) builds it with Task, so that none can drop a field the others keep.
 type RedisRow struct {
 	ID string
-	// State is the row's state (RowColumns; TakeDue's rows are queued).
+	// State is the row's state (queued, for TakeDue's rows).
 	State       State
 	RunAt       time.Time
 	Payload     []byte
@@ -51,12 +51,18 @@ func (r RedisRow) Task() delayq.Task {
 // for pgx.CollectRows.
 func ScanRow(row pgx.CollectableRow) (RedisRow, error) {
 	var r RedisRow
-	err := row.Scan(&r.ID, &r.State, &r.Version, &r.Attempt, &r.MaxAttempts, &r.RunAt, &r.Payload,
-		&r.TraceContext, &r.StartBy, &r.Priority)
+	err := row.Scan(r.columns()...)
 	return r, err
 }
 
-// Taken is one row of a relay round, as TakeDue returns it.
+// columns are the scan targets of RowColumns, in order.
+func (r *RedisRow) columns() []any {
+	return []any{&r.ID, &r.State, &r.Version, &r.Attempt, &r.MaxAttempts, &r.RunAt, &r.Payload,
+		&r.TraceContext, &r.StartBy, &r.Priority}
+}
+
+// Taken is one row of a relay round, as TakeDue returns it: its ctid, its queue
+// and RowColumns.
 type Taken struct {
 	CTID  pgtype.TID // the row's, for MarkInvalid
 	Queue string
@@ -66,8 +72,6 @@ type Taken struct {
 // ScanTaken reads one row TakeDue returns, for pgx.CollectRows.
 func ScanTaken(row pgx.CollectableRow) (Taken, error) {
 	var x Taken
-	x.State = Queued
-	err := row.Scan(&x.CTID, &x.Queue, &x.ID, &x.RunAt, &x.Payload, &x.Attempt, &x.MaxAttempts, &x.Version,
-		&x.TraceContext, &x.StartBy, &x.Priority)
+	err := row.Scan(append([]any{&x.CTID, &x.Queue}, x.columns()...)...)
 	return x, err
 }
