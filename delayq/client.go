@@ -175,7 +175,9 @@ func (c *Client) checkTask(t Task, maxPayload int) error {
 // how long to wait (see Waiter). A sharded queue's claim asks every shard in one
 // pipelined round trip, max shared among them from a shard that turns with every
 // call, so that each shard is drained at the same pace; due order holds within a
-// shard, and across shards only as far as their backlogs are alike.
+// shard, and across shards only as far as their backlogs are alike. The claim
+// script reports the count shard 0 holds, so a Client whose count is stale learns
+// the new one from that claim and claims the rest over the new layout at once.
 func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Duration) (Claim, error) {
 	if err := validate.Queue(queue); err != nil {
 		return Claim{}, err
@@ -190,6 +192,39 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	if err != nil {
 		return Claim{}, err
 	}
+	cl, held, err := c.claim(ctx, queue, l, max, lease)
+	if err != nil || held == 0 || held == len(l) {
+		return cl, err
+	}
+	// Shard 0 holds another count than the one this claim was routed by: the
+	// queue was split or merged (while empty) since this Client read it, and the
+	// tasks due now may all be in shards the claim did not ask. Take the new
+	// count and ask its layout at once, rather than sleep until ShardRefresh or
+	// MaxWait (every shard wakes the queue's one channel, so the wake-up that
+	// brought this claim is not lost).
+	c.learnShards(queue, held)
+	rest := max - len(cl.Tasks)
+	if rest == 0 {
+		return cl, nil
+	}
+	nl, err := c.layout(queue, held)
+	if err != nil {
+		return Claim{}, err
+	}
+	more, _, err := c.claim(ctx, queue, nl, rest, lease)
+	if err != nil {
+		if len(cl.Tasks) > 0 {
+			cl.NextDue = 0 // leased already: hand them out, and claim again soon
+			return cl, nil
+		}
+		return Claim{}, err
+	}
+	return mergeClaims([]Claim{cl, more}), nil
+}
+
+// claim runs one claim over the shards l of queue and returns it with the shard
+// count that shard 0's controls hold (0: none).
+func (c *Client) claim(ctx context.Context, queue string, l []Keys, max int, lease time.Duration) (Claim, int, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	base := hex.EncodeToString(b[:])
@@ -199,9 +234,10 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	if len(l) == 1 {
 		v, err := c.run(ctx, c.s.claim, claimKeys(l[0]), max, ms(lease), base)
 		if err != nil {
-			return Claim{}, fmt.Errorf("delayq: claim %s: %w", queue, err)
+			return Claim{}, 0, fmt.Errorf("delayq: claim %s: %w", queue, err)
 		}
-		return parseClaim(v, queue)
+		cl, err := parseClaim(v, queue)
+		return cl, cl.shards, err
 	}
 	n := len(l)
 	first := int(c.turn.Add(1) % uint32(n))
@@ -218,13 +254,13 @@ func (c *Client) Claim(ctx context.Context, queue string, max int, lease time.Du
 	for i, cmd := range c.runPipelined(ctx, c.s.claim, calls, nil) {
 		v, err := cmd.Result()
 		if err != nil {
-			return Claim{}, fmt.Errorf("delayq: claim %s: shard %d of %d: %w", queue, (first+i)%n, n, err)
+			return Claim{}, 0, fmt.Errorf("delayq: claim %s: shard %d of %d: %w", queue, (first+i)%n, n, err)
 		}
 		if parts[i], err = parseClaim(v, queue); err != nil {
-			return Claim{}, err
+			return Claim{}, 0, err
 		}
 	}
-	return mergeClaims(parts), nil
+	return mergeClaims(parts), parts[(n-first)%n].shards, nil
 }
 
 // mergeClaims joins the claims of a queue's shards: the tasks in due order, the

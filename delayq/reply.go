@@ -120,7 +120,7 @@ func parseEnqueue(v any, n int) ([]EnqueueStatus, error) {
 
 // The claim reply: a head of claimHead elements, then claimGroup per task.
 const (
-	claimHead  = 5
+	claimHead  = 6
 	claimGroup = 9
 )
 
@@ -161,7 +161,14 @@ func parseClaim(v any, queue string) (Claim, error) {
 	if rate < 0 || rate > maxMS {
 		return Claim{}, replyErr("claim: rate_ms %d", rate)
 	}
-	c := Claim{NextDue: -1, Now: now, RateWait: time.Duration(rate) * time.Millisecond}
+	held, err := asInt(a[5], "claim shards")
+	if err != nil {
+		return Claim{}, err
+	}
+	if held < 0 || held > MaxShards {
+		return Claim{}, replyErr("claim: shards %d", held)
+	}
+	c := Claim{NextDue: -1, Now: now, RateWait: time.Duration(rate) * time.Millisecond, shards: int(held)}
 	if next >= 0 {
 		c.NextDue = time.Duration(next) * time.Millisecond
 	}

@@ -75,16 +75,16 @@ func encodeReply(v any) []byte {
 
 var validReplies = []any{
 	[]any{int64(1), int64(0), int64(2)}, // enqueue
-	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0),
+	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0), int64(0),
 		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""}, // claim
-	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0)}, // claim, nothing due
-	[]any{"1700000060.123", int64(1), int64(0)},                               // extend, two leases: renewed, lost
+	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0), int64(0)}, // claim, nothing due
+	[]any{"1700000060.123", int64(1), int64(0)},                                         // extend, two leases: renewed, lost
 	int64(0), // a status
 	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                         // reap
 	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                         // stats
 	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "7", "", "", "", "", "", "", "", int64(-2), ""}, // inspect 2 ids
-	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7)},                                             // claim, rate limited
-	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0),
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7), int64(0)},                                   // claim, rate limited
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0), int64(0),
 		"a", "p", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "", "1699999999.999",
 		"b", "p", int64(1), int64(25), int64(1), "tok.2", "1699999999.500", "", "1700000000.000"}, // claim, deadlines
 }
@@ -179,22 +179,29 @@ func TestParseMalformedReplies(t *testing.T) {
 		{"enqueue code", func() error { _, err := parseEnqueue([]any{int64(7)}, 1); return err }},
 		{"claim short", func() error { _, err := parseClaim([]any{int64(1)}, "q"); return err }},
 		{"claim trace", func() error {
-			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0", int64(7)}, "q")
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0", int64(7)}, "q")
 			return err
 		}},
 		{"claim group of 7", func() error {
-			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0"}, "q")
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0"}, "q")
 			return err
 		}},
 		{"claim count", func() error {
-			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), "id"}, "q")
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), int64(0), "id"}, "q")
 			return err
 		}},
 		{"claim next", func() error {
-			_, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0), int64(0)}, "q")
+			_, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0), int64(0), int64(0)}, "q")
 			return err
 		}},
-		{"claim score", func() error { _, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0)}, "q"); return err }},
+		{"claim shards", func() error {
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(0), int64(0), int64(65)}, "q")
+			return err
+		}},
+		{"claim score", func() error {
+			_, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0), int64(0)}, "q")
+			return err
+		}},
 		{"extend type", func() error { _, err := parseExtend(nil, int64(0), 1); return err }},
 		{"extend count", func() error { _, err := parseExtend(nil, []any{"1700000060.123", int64(1)}, 2); return err }},
 		{"extend deadline", func() error { _, err := parseExtend(nil, []any{"NaN", int64(1)}, 1); return err }},

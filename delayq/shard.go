@@ -152,6 +152,17 @@ func (c *Client) readShards(ctx context.Context, queue string) (int, error) {
 	return n, nil
 }
 
+// learnShards records n, queue's shard count as a script just reported it, as if
+// read from Redis now.
+func (c *Client) learnShards(queue string, n int) {
+	c.sh.mu.Lock()
+	if c.sh.counts == nil {
+		c.sh.counts = map[string]shardCount{}
+	}
+	c.sh.counts[queue] = shardCount{n: n, at: time.Now()}
+	c.sh.mu.Unlock()
+}
+
 // forgetShards makes the next Shards of queue read Redis again.
 func (c *Client) forgetShards(queue string) {
 	c.sh.mu.Lock()

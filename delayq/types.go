@@ -77,6 +77,9 @@ type Claim struct {
 	// allows no further start now, is how long until it allows the next one
 	// (rounded up to a millisecond); else 0. Pass it to Waiter.Wait.
 	RateWait time.Duration
+
+	// shards is the shard count the claimed shard's controls hold (0: none).
+	shards int
 }
 
 // ClaimedTask is a task leased to one worker until LeaseUntil. Token proves the

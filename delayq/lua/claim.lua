@@ -44,13 +44,16 @@
 -- without running it (Postgres first: dead, or handed to the queue's hook); it
 -- does not count as a start against the rate limit.
 --
--- Returns { next_ms, now, lease_until, count, rate_ms, then count groups of 9:
+-- Returns { next_ms, now, lease_until, count, rate_ms, shards, then count groups of 9:
 --           id, payload, attempt, max_attempts, version, token, due, trace, start_by }
 --   next_ms      ms from now until the earliest task still in ready falls due:
 --                0 if one is due already, -1 if ready is empty
 --   rate_ms      when tasks are still due (next_ms 0) but the rate limit allows no
 --                further start now: ms until it allows the next one (rounded up);
 --                else 0
+--   shards       the queue's shard count as KEYS[4] holds it (its n), 0 when it
+--                holds none: a Client that routed by another count learns the
+--                new one from its next claim (it reads n anyway)
 --   now, lease_until, due, start_by   Unix seconds with 3 decimals (strings);
 --                start_by "" for a task without a deadline
 -- Malformed ARGV: an error reply, nothing written.
@@ -68,14 +71,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local until_s = fmt(now + lease)
 
 local ctl = redis.call('HMGET', KEYS[4], 'p', 'r', 'w', 'b', 'g', 'y', 'n')
-if ctl[1] == '1' then return { -1, fmt(now), until_s, 0, 0 } end
+local held = tonumber(ctl[7]) or 0
+if ctl[1] == '1' then return { -1, fmt(now), until_s, 0, 0, held } end
 
 -- The rate limit (GCRA): allowed is how many starts it lets happen now.
 local rate = tonumber(ctl[2]) or 0
 local emit, burst, tat = 0, 0, 0
 if rate > 0 then
   -- A shard of a queue of n shards takes its share: r per n * w, burst b / n.
-  local shards = tonumber(ctl[7]) or 1
+  local shards = math.max(held, 1)
   emit = (tonumber(ctl[3]) or 1000) * shards / rate
   burst = math.max(1, math.floor((tonumber(ctl[4]) or 1) / shards))
   tat = math.max(tonumber(ctl[5]) or 0, now)
@@ -87,9 +91,9 @@ if rate > 0 then
       local next_ms = -1
       local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
       if e[2] then next_ms = math.max(math.floor(tonumber(e[2]) * 1000 + 0.5) - now, 0) end
-      return { next_ms, fmt(now), until_s, 0, 0 }
+      return { next_ms, fmt(now), until_s, 0, 0, held }
     end
-    return { 0, fmt(now), until_s, 0, math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 1) }
+    return { 0, fmt(now), until_s, 0, math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 1), held }
   end
   if allowed < n then n = allowed end
 end
@@ -192,6 +196,6 @@ if rate > 0 and count > missed then
   if next_ms == 0 then rate_ms = math.max(math.ceil(tat + emit * (1 - burst) - now - 1e-6), 0) end
 end
 
-local reply = { next_ms, fmt(now), until_s, count, rate_ms }
-for i = 1, #out do reply[5 + i] = out[i] end
+local reply = { next_ms, fmt(now), until_s, count, rate_ms, held }
+for i = 1, #out do reply[6 + i] = out[i] end
 return reply
