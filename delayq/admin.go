@@ -69,6 +69,13 @@ func adminScript(name string) (*redis.Script, error) {
 // round trip), in the order of ids, with the Redis clock at that moment (the
 // earliest of the shards' clocks).
 func (c *Client) Probe(ctx context.Context, queue string, ids ...string) (now time.Time, probes []Probe, err error) {
+	return c.ProbeRouted(ctx, queue, 0, ids...)
+}
+
+// ProbeRouted is Probe routed by shards, queue's shard count as the caller holds
+// it (reconcile and the relay's repairs: Postgres's), whatever count Redis holds
+// or has lost; 0 is Probe. Pass the same count to RepairIfRouted.
+func (c *Client) ProbeRouted(ctx context.Context, queue string, shards int, ids ...string) (now time.Time, probes []Probe, err error) {
 	if err := validate.Queue(queue); err != nil {
 		return time.Time{}, nil, err
 	}
@@ -84,7 +91,7 @@ func (c *Client) Probe(ctx context.Context, queue string, ids ...string) (now ti
 	if err != nil {
 		return time.Time{}, nil, err
 	}
-	l, err := c.shardsOf(ctx, queue)
+	l, err := c.routed(ctx, queue, shards)
 	if err != nil {
 		return time.Time{}, nil, err
 	}
@@ -233,6 +240,14 @@ type Repair struct {
 // or repairs in several shards, take several.
 // Every repair is validated before anything is written.
 func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) ([]bool, error) {
+	return c.RepairIfRouted(ctx, queue, 0, repairs...)
+}
+
+// RepairIfRouted is RepairIf routed by shards, queue's shard count as the caller
+// holds it (as for ProbeRouted); 0 is RepairIf. A restore routed by the count
+// Postgres holds puts a task into its own shard even while Redis has lost the
+// count.
+func (c *Client) RepairIfRouted(ctx context.Context, queue string, shards int, repairs ...Repair) ([]bool, error) {
 	if err := validate.Queue(queue); err != nil {
 		return nil, err
 	}
@@ -260,7 +275,7 @@ func (c *Client) RepairIf(ctx context.Context, queue string, repairs ...Repair) 
 	if err != nil {
 		return nil, err
 	}
-	l, err := c.shardsOf(ctx, queue)
+	l, err := c.routed(ctx, queue, shards)
 	if err != nil {
 		return nil, err
 	}

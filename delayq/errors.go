@@ -31,6 +31,12 @@ var (
 	// ErrUnexpectedReply reports a script reply of an unexpected shape, e.g. from a
 	// different version of the scripts.
 	ErrUnexpectedReply = errors.New("delayq: unexpected reply from Redis")
+	// ErrShardCount reports an enqueue routed by a queue's shard count as its
+	// caller knows it (QueueTasks.Shards: Postgres's, for the relay) that a shard's
+	// controls in Redis contradict. Nothing of that shard's call was written; the
+	// caller brings the controls up to date (the relay mirrors them from Postgres)
+	// and tries again.
+	ErrShardCount = errors.New("delayq: shard count differs from the one Redis holds")
 	// ErrClosed reports use of a closed Waiter.
 	ErrClosed = errors.New("delayq: waiter closed")
 )

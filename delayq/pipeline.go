@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,6 +17,13 @@ import (
 type QueueTasks struct {
 	Queue string
 	Tasks []Task
+	// Shards, when set (1..MaxShards), is the queue's shard count as the caller
+	// holds it (the relay: delayq_queues.shards, read with the rows it moves),
+	// and the tasks are routed by it, whatever count Redis holds or has lost. A
+	// shard whose controls hold another count refuses its call, and
+	// EnqueuePipelined returns ErrShardCount. 0 routes by the count Redis holds,
+	// as the Client knows it (Client.Shards), and routes a refused call anew.
+	Shards int
 }
 
 // ValidateTask checks t as EnqueuePipelined would (id, payload size up to the hard
@@ -40,13 +48,16 @@ func (c *Client) ValidateTask(t Task) error { return c.checkTask(t, validate.Max
 // independent: on an error some of them may have been applied. Since an enqueue of
 // an existing task is a duplicate, repeating the whole call is safe.
 //
-// The tasks of a sharded queue go to their shards (ShardOf), one call per shard.
-// When Redis does not know the script (after a restart or SCRIPT FLUSH), the
+// The tasks of a sharded queue go to their shards (ShardOf), one call per shard,
+// by QueueTasks.Shards when set. When Redis does not know the script (after a restart or SCRIPT FLUSH), the
 // calls Redis refused are sent once more.
 func (c *Client) EnqueuePipelined(ctx context.Context, batches []QueueTasks) ([][]EnqueueStatus, error) {
 	for _, b := range batches {
 		if err := validate.Queue(b.Queue); err != nil {
 			return nil, err
+		}
+		if b.Shards < 0 || b.Shards > MaxShards {
+			return nil, fmt.Errorf("%w: enqueue %s: %d shards: 1..%d, or 0 for Redis's count", ErrInvalidArgument, b.Queue, b.Shards, MaxShards)
 		}
 		for j, t := range b.Tasks {
 			if err := c.checkTask(t, validate.MaxPayloadBytes); err != nil {
@@ -63,13 +74,22 @@ type enqueueCall struct {
 	batch int
 	pos   []int
 	scriptCall
+	held string // of a refused call: the count the shard holds
+}
+
+// shardCountErr is the error of a batch routed by b.Shards that a shard holding
+// the count held refused.
+func shardCountErr(b QueueTasks, held string) error {
+	return fmt.Errorf("%w: enqueue %s: routed by %d shards, Redis holds %s", ErrShardCount, b.Queue, b.Shards, held)
 }
 
 // enqueue routes the validated tasks of batches to their shards, one script call
 // per shard and Config.EnqueueBatch tasks, sends all calls in one pipelined round
 // trip with the queues' registration, and returns the statuses in the shape of
 // batches. The calls a shard refused for a stale shard count ("SHARDS <n>",
-// nothing written) go once more, routed by the count read anew.
+// nothing written) go once more, routed by the count read anew; a batch routed by
+// the caller's count (QueueTasks.Shards) is not routed anew: its refusal is
+// ErrShardCount.
 func (c *Client) enqueue(ctx context.Context, batches []QueueTasks, replaceFinished bool) ([][]EnqueueStatus, error) {
 	out := make([][]EnqueueStatus, len(batches))
 	var calls []enqueueCall
@@ -93,6 +113,11 @@ func (c *Client) enqueue(ctx context.Context, batches []QueueTasks, replaceFinis
 	}
 	if len(refused) == 0 {
 		return out, nil
+	}
+	for _, cl := range refused {
+		if b := batches[cl.batch]; b.Shards > 0 {
+			return nil, shardCountErr(b, cl.held)
+		}
 	}
 	calls = calls[:0]
 	for _, cl := range refused {
@@ -118,7 +143,7 @@ func (c *Client) enqueueCalls(ctx context.Context, calls []enqueueCall, batch in
 	if len(b.Tasks) == 0 {
 		return calls, nil
 	}
-	l, err := c.shardsOf(ctx, b.Queue)
+	l, err := c.routed(ctx, b.Queue, b.Shards)
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +185,7 @@ func (c *Client) sendEnqueue(ctx context.Context, batches []QueueTasks, calls []
 	for i, cl := range calls {
 		v, err := cmds[i].Result()
 		if err != nil && redis.HasErrorPrefix(err, "SHARDS") {
+			cl.held = strings.TrimSpace(strings.TrimPrefix(err.Error(), "SHARDS"))
 			refused = append(refused, cl)
 			continue
 		}

@@ -209,6 +209,18 @@ func (c *Client) shardsOf(ctx context.Context, queue string) ([]Keys, error) {
 	return c.layout(queue, n)
 }
 
+// routed returns the keys of every shard of queue in a queue of shards shards,
+// or, for 0, of the count Redis holds (shardsOf).
+func (c *Client) routed(ctx context.Context, queue string, shards int) ([]Keys, error) {
+	if shards == 0 {
+		return c.shardsOf(ctx, queue)
+	}
+	if shards < 0 || shards > MaxShards {
+		return nil, fmt.Errorf("%w: %s: %d shards: 1..%d, or 0 for Redis's count", ErrInvalidArgument, queue, shards, MaxShards)
+	}
+	return c.layout(queue, shards)
+}
+
 // everyShard returns the keys of every shard of each of queues, and of[j], the
 // index in queues of keys[j]'s queue.
 func (c *Client) everyShard(ctx context.Context, queues []string) (keys []Keys, of []int, err error) {

@@ -293,3 +293,83 @@ func TestShardedControls(t *testing.T) {
 		t.Fatalf("after a resume without a count: %+v, %d, %v; want 3 shards kept", ctl, v, err)
 	}
 }
+
+// TestRoutedByCallersCount: the relay's calls route by the count they are given
+// (Postgres's), not by the count Redis holds or has lost. With the controls lost
+// (no n), a Client that finds no count would take 1 shard: EnqueuePipelined with
+// QueueTasks.Shards and RepairIfRouted still put each task into ShardOf(id, 3),
+// and ProbeRouted finds it there. A shard holding another count refuses such a
+// call with ErrShardCount, nothing written, and does not route it anew.
+func TestRoutedByCallersCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	l, err := b.c.layout(b.queue, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.c.Shards(ctx, b.queue); err != nil || n != 1 {
+		t.Fatalf("Shards = %d, %v; want 1 (no controls)", n, err)
+	}
+	var tasks []Task
+	for i := range 12 {
+		tasks = append(tasks, Task{ID: fmt.Sprintf("t%02d", i), Payload: []byte("p"), Version: 1})
+	}
+	where := func(id string) []int {
+		var in []int
+		for k, key := range l {
+			if n, _ := b.rdb.Exists(ctx, key.TaskKey(id)).Result(); n == 1 {
+				in = append(in, k)
+			}
+		}
+		return in
+	}
+	if _, err := b.c.EnqueuePipelined(ctx, []QueueTasks{{Queue: b.queue, Tasks: tasks[:6], Shards: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	// The rest restored by repairs, as self-healing does after a loss.
+	var repairs []Repair
+	rest := make([]string, 0, 6)
+	for _, tk := range tasks[6:] {
+		rest = append(rest, tk.ID)
+	}
+	_, probes, err := b.c.ProbeRouted(ctx, b.queue, 3, rest...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range probes {
+		repairs = append(repairs, Repair{Op: RepairRestore, ID: p.ID, Fingerprint: p.Fingerprint, Task: tasks[6+i]})
+	}
+	applied, err := b.c.RepairIfRouted(ctx, b.queue, 3, repairs...)
+	if err != nil || slices.Contains(applied, false) {
+		t.Fatalf("RepairIfRouted = %v, %v", applied, err)
+	}
+	for _, tk := range tasks {
+		if in := where(tk.ID); !slices.Equal(in, []int{ShardOf(tk.ID, 3)}) {
+			t.Errorf("%s in shards %v, want only %d", tk.ID, in, ShardOf(tk.ID, 3))
+		}
+	}
+	_, probes, err = b.c.ProbeRouted(ctx, b.queue, 3, "t00", "t07")
+	if err != nil || probes[0].State != StateReady || probes[1].State != StateReady {
+		t.Errorf("ProbeRouted = %+v, %v; want both ready", probes, err)
+	}
+
+	// Controls that hold another count refuse the call: nothing written.
+	if _, err := b.c.SetControls(ctx, b.queue, 1, Controls{Shards: 2}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := []Task{{ID: "late-1"}, {ID: "late-2"}, {ID: "late-3"}, {ID: "late-4"}}
+	_, err = b.c.EnqueuePipelined(ctx, []QueueTasks{{Queue: b.queue, Tasks: fresh, Shards: 3}})
+	if !errors.Is(err, ErrShardCount) || !strings.Contains(err.Error(), "Redis holds 2") {
+		t.Fatalf("EnqueuePipelined over 2 shards held = %v, want ErrShardCount naming 2", err)
+	}
+	for _, tk := range fresh {
+		if in := where(tk.ID); len(in) > 0 && in[0] == 0 {
+			// Shard 0 holds n 2: refused, nothing written there.
+			t.Errorf("%s written into shard 0, which holds another count", tk.ID)
+		}
+	}
+	if _, err := b.c.EnqueuePipelined(ctx, []QueueTasks{{Queue: b.queue, Tasks: fresh, Shards: 65}}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("65 shards: %v, want ErrInvalidArgument", err)
+	}
+}
