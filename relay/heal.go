@@ -305,6 +305,14 @@ func (h *healer) runPass(ctx context.Context) error {
 		h.restart = false
 		h.pass.Reset()
 		begun := time.Now()
+		if h.urgent {
+			// The controls went with the data: mirror them back first, so that the
+			// workers claim from every shard of a sharded queue, and a paused queue
+			// stays paused, without waiting for the control loop.
+			if err := r.syncControls(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("relay: mirror queue controls after a loss", "error", err.Error())
+			}
+		}
 		for _, q := range r.healQueues(ctx) {
 			for after := ""; ; {
 				if err := h.check(ctx); err != nil {

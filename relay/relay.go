@@ -42,6 +42,8 @@ type Relay struct {
 	refreshed  time.Time
 
 	heal healState
+
+	mirrored atomic.Int64 // Unix ns of the last controls mirror a round asked for
 }
 
 // DB is what a Relay needs of Postgres: statements, transactions (reconcile's
@@ -271,12 +273,12 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		if !ok {
 			i = len(batches)
 			byQueue[x.Queue] = i
-			batches = append(batches, delayq.QueueTasks{Queue: x.Queue})
+			batches = append(batches, delayq.QueueTasks{Queue: x.Queue, Shards: x.Shards})
 		}
 		batches[i].Tasks = append(batches[i].Tasks, t)
 	}
 
-	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
+	statuses, err := r.enqueue(ctx, batches)
 	if err != nil {
 		return 0, r.redisErr(errRedis, "enqueue", err)
 	}
@@ -316,6 +318,44 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 	}
 	r.sawQueues(batches)
 	return len(rows), nil
+}
+
+// enqueue moves a round's tasks into Redis, each queue's routed by the shard count
+// Postgres holds (TakeDue returns it with the rows), never by a count Redis may
+// have lost: after a Redis loss a Client finds no count and would take 1 shard,
+// and the round would put every task into shard 0 (issue 29). The workers claim
+// by the count Redis holds, so when it is not Postgres's (lost, or a change whose
+// mirror write has not landed) the controls are mirrored first; a shard that
+// refuses the count (ErrShardCount: it holds another) gets them mirrored too, and
+// the calls go once more.
+func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
+	for _, b := range batches {
+		if n, err := r.dq.Shards(ctx, b.Queue); err != nil || n != b.Shards {
+			r.mirrorControls(ctx)
+			break
+		}
+	}
+	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
+	if errors.Is(err, delayq.ErrShardCount) {
+		r.mirrorControls(ctx)
+		statuses, err = r.dq.EnqueuePipelined(ctx, batches)
+	}
+	return statuses, err
+}
+
+// mirrorControls writes the queue controls from Postgres into Redis now, as the
+// control loop does every ControlSyncInterval, at most once a second for the
+// rounds: a Redis whose controls cannot take Postgres's (a newer version there)
+// must not cost every round a sync.
+func (r *Relay) mirrorControls(ctx context.Context) {
+	now := time.Now().UnixNano()
+	last := r.mirrored.Load()
+	if now-last < int64(time.Second) || !r.mirrored.CompareAndSwap(last, now) {
+		return
+	}
+	if err := r.syncControls(ctx); err != nil {
+		r.cfg.Logger.Warn("relay: mirror queue controls before a round", "error", err.Error())
+	}
 }
 
 // take marks due rows queued and returns them, in one round trip with the

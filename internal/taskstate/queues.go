@@ -32,9 +32,9 @@ type QueueControl struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-func (s *Store) queuesTable() string {
-	return fmt.Sprintf(`"%s".%s`, s.cfg.Schema, QueuesTableName)
-}
+func (s *Store) queuesTable() string { return s.cfg.queuesTable() }
+
+func (c Config) queuesTable() string { return fmt.Sprintf(`"%s".%s`, c.Schema, QueuesTableName) }
 
 const queueColumns = `queue, paused, rate_limit, rate_period_ms, rate_burst, shards, version, updated_at`
 
@@ -157,4 +157,16 @@ func (s *Store) QueueControls(ctx context.Context, q Querier) ([]QueueControl, e
 		return nil, fmt.Errorf("read queue controls: %w", err)
 	}
 	return out, nil
+}
+
+// QueueShards reads queue's shard count: 1 when the queue has no controls row. The
+// repairs route by it (reconcile, the relay's self-healing), as the relay's round
+// routes by the count TakeDue returns.
+func (s *Store) QueueShards(ctx context.Context, q Querier, queue string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COALESCE((SELECT shards FROM `+s.queuesTable()+` WHERE queue = $1), 1)`, queue).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("read shard count of %s: %w", queue, err)
+	}
+	return n, nil
 }

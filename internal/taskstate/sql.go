@@ -101,6 +101,7 @@ const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payl
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
 	table := cfg.Table()
+	queues := cfg.queuesTable()
 	// notify is a scalar subquery the outer SELECT evaluates (once) when it emits its
 	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
 	// the relay hears it when the caller's transaction commits, and never if it rolls
@@ -135,6 +136,11 @@ func NewStatements(cfg Config) Statements {
 	// snapshot and its lock is not returned, and waits for the next round.) The
 	// move drops notify_late (migration 00015): its trigger fired at the insert's
 	// commit, and a queued row need not carry the channel's bytes for its life.
+	// Each row comes with its queue's shard count (delayq_queues, 1 without a
+	// row), read in the same snapshot: the round routes by the count Postgres
+	// holds, never by one Redis may have lost. The count changes only while the
+	// queue has no pending row (SetShards), so it is the count these rows must be
+	// moved with.
 	const takeDue = `UPDATE %[1]s
 SET state = 'queued', queued_at = now(), notify_late = NULL
 WHERE ctid = ANY(ARRAY(
@@ -150,7 +156,8 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, ` + RowColumns
+RETURNING ctid, queue, ` + RowColumns + `,
+	COALESCE((SELECT q.shards FROM %[3]s AS q WHERE q.queue = %[1]s.queue), 1)`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -372,8 +379,8 @@ SET state = 'dead', done_at = statement_timestamp(), last_error = $4
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
   AND start_by IS NOT NULL`, table),
 
-		TakeDue:       fmt.Sprintf(takeDue, table, ""),
-		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),
+		TakeDue:       fmt.Sprintf(takeDue, table, "", queues),
+		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", queues),
 		NextDue:       fmt.Sprintf(nextDue, table, ""),
 		NextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 

@@ -67,11 +67,14 @@ type Taken struct {
 	CTID  pgtype.TID // the row's, for MarkInvalid
 	Queue string
 	RedisRow
+	// Shards is the queue's shard count in Postgres (1 for a queue without
+	// controls), which the round routes by.
+	Shards int
 }
 
 // ScanTaken reads one row TakeDue returns, for pgx.CollectRows.
 func ScanTaken(row pgx.CollectableRow) (Taken, error) {
 	var x Taken
-	err := row.Scan(append([]any{&x.CTID, &x.Queue}, x.columns()...)...)
+	err := row.Scan(append(append([]any{&x.CTID, &x.Queue}, x.columns()...), &x.Shards)...)
 	return x, err
 }

@@ -3,11 +3,13 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
@@ -139,6 +141,9 @@ type engine struct {
 	found func(queue, id string, r *row, p *delayq.Probe, k Kind)
 	// progress state
 	queueIndex, queues int
+	// shards holds each queue's shard count as Postgres holds it, which the
+	// probes and repairs route by (shardsOf).
+	shards map[string]int
 }
 
 func newEngine(db DB, dq *delayq.Client, opts Options) (*engine, error) {
@@ -153,7 +158,57 @@ func newEngine(db DB, dq *delayq.Client, opts Options) (*engine, error) {
 	for _, k := range AllKinds() {
 		rep.Kinds[k] = &Bucket{}
 	}
-	return &engine{db: db, dq: dq, o: o, st: st, rep: rep}, nil
+	return &engine{db: db, dq: dq, o: o, st: st, rep: rep, shards: map[string]int{}}, nil
+}
+
+// shardsOf returns queue q's shard count as Postgres holds it, read once per queue
+// of a run (or of a pass: Pass.Step reads it again at the queue's first page) and
+// with fresh true. The probes and repairs route by it, never by the count Redis
+// holds: after a Redis loss, until the controls are mirrored back, that count is
+// gone, and a restore routed by it would put a task of a sharded queue into shard
+// 0, a second copy beside the one the relay's round put into its own shard (issue
+// 29). The count changes only while the queue is empty, so a pass never sees a
+// task moved under another.
+func (e *engine) shardsOf(ctx context.Context, q string, fresh bool) (int, error) {
+	if n, ok := e.shards[q]; ok && !fresh {
+		return n, nil
+	}
+	n, err := taskstate.New(taskstate.Config{Schema: e.o.Schema}).QueueShards(ctx, e.db, q)
+	if err != nil {
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "42703") {
+			n = 1 // an outbox without queue controls (before 00004) or shards (00014)
+		} else {
+			return 0, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+	e.shards[q] = n
+	return n, nil
+}
+
+// probe is Probe routed by q's shard count in Postgres.
+func (e *engine) probe(ctx context.Context, q string, ids ...string) (time.Time, []delayq.Probe, error) {
+	n, err := e.shardsOf(ctx, q, false)
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	now, probes, err := e.dq.ProbeRouted(ctx, q, n, ids...)
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return now, probes, nil
+}
+
+// repairIf is RepairIf routed by q's shard count in Postgres.
+func (e *engine) repairIf(ctx context.Context, q string, repairs ...delayq.Repair) ([]bool, error) {
+	n, err := e.shardsOf(ctx, q, false)
+	if err != nil {
+		return nil, err
+	}
+	applied, err := e.dq.RepairIfRouted(ctx, q, n, repairs...)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return applied, nil
 }
 
 func (e *engine) run(ctx context.Context) error {
@@ -235,6 +290,9 @@ func (e *engine) progress(q, phase string, done, total int) {
 // walkPostgres pages through the outbox rows of queue q in key order and settles
 // those Redis disagrees with.
 func (e *engine) walkPostgres(ctx context.Context, q string) error {
+	if _, err := e.shardsOf(ctx, q, true); err != nil {
+		return err
+	}
 	total := 0
 	if e.o.Progress != nil {
 		if err := e.db.QueryRow(ctx, e.st.CountQueue, q).Scan(&total); err != nil {
@@ -288,9 +346,9 @@ func (e *engine) comparePage(ctx context.Context, q string, page []row) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	now, probes, err := e.dq.Probe(ctx, q, ids...)
+	now, probes, err := e.probe(ctx, q, ids...)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		return err
 	}
 	var cands []string
 	first := map[string]Kind{}
@@ -333,6 +391,9 @@ func NewPass(db DB, dq *delayq.Client, opts Options) (*Pass, error) {
 // after ("" for the first), repairs what disagrees, and returns the last id it read
 // ("" when the queue has no more) and how many rows it read.
 func (p *Pass) Step(ctx context.Context, queue, after string) (last string, n int, err error) {
+	if _, err := p.e.shardsOf(ctx, queue, after == ""); err != nil {
+		return "", 0, err
+	}
 	rows, err := p.e.db.Query(ctx, p.e.st.PageQueued, queue, after, p.e.o.BatchSize)
 	if err != nil {
 		return "", 0, fmt.Errorf("reconcile: read %s: %w", queue, err)
@@ -410,9 +471,9 @@ func (e *engine) walkRedis(ctx context.Context, q string) error {
 			return nil
 		}
 		e.rep.RedisOnly += len(orphans)
-		now, probes, err := e.dq.Probe(ctx, q, orphans...)
+		now, probes, err := e.probe(ctx, q, orphans...)
 		if err != nil {
-			return fmt.Errorf("reconcile: %w", err)
+			return err
 		}
 		var cands []string
 		first := map[string]Kind{}
@@ -505,9 +566,9 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	if len(probeIDs) == 0 {
 		return nil
 	}
-	now, probes, err := e.dq.Probe(ctx, q, probeIDs...)
+	now, probes, err := e.probe(ctx, q, probeIDs...)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		return err
 	}
 	var repairs []delayq.Repair
 	var kinds []Kind
@@ -532,9 +593,9 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	if len(repairs) == 0 {
 		return tx.Commit(ctx)
 	}
-	applied, err := e.dq.RepairIf(ctx, q, repairs...)
+	applied, err := e.repairIf(ctx, q, repairs...)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		return err
 	}
 	for i, rp := range repairs {
 		e.record(ctx, q, rp.ID, kinds[i], applied[i], !applied[i], locked[rp.ID], nil)
@@ -573,9 +634,9 @@ func (e *engine) verify(ctx context.Context, q string, ids []string) error {
 	if err != nil {
 		return err
 	}
-	now, probes, err := e.dq.Probe(ctx, q, ids...)
+	now, probes, err := e.probe(ctx, q, ids...)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		return err
 	}
 	for i, id := range ids {
 		r, p := rows[id], probes[i]
