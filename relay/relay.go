@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ type Relay struct {
 	heal healState
 
 	mirrored atomic.Int64 // Unix ns of the last controls mirror a round asked for
+	noShards atomic.Bool  // the role may not read delayq_queues: TakeDueNoShards
 }
 
 // DB is what a Relay needs of Postgres: statements, transactions (reconcile's
@@ -330,6 +332,9 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 // the calls go once more.
 func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
 	for _, b := range batches {
+		if b.Shards == 0 {
+			continue // TakeDueNoShards: routed by Redis's count
+		}
 		if n, err := r.dq.Shards(ctx, b.Queue); err != nil || n != b.Shards {
 			r.mirrorControls(ctx)
 			break
@@ -368,12 +373,17 @@ func (r *Relay) mirrorControls(ctx context.Context) {
 // record follows the round's in the WAL, and flushing it makes the round durable
 // too (docs/DESIGN.md, "Write orders").
 func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) {
+	noShards := r.noShards.Load()
+	take, takeQueues := r.sql.TakeDue, r.sql.TakeDueQueues
+	if noShards {
+		take, takeQueues = r.sql.TakeDueNoShards, r.sql.TakeDueQueuesNoShards
+	}
 	b := &pgx.Batch{}
 	b.Queue("SET LOCAL synchronous_commit TO off")
 	if len(r.cfg.Queues) > 0 {
-		b.Queue(r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+		b.Queue(takeQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
 	} else {
-		b.Queue(r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+		b.Queue(take, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
 	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
@@ -382,13 +392,26 @@ func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) 
 	}
 	res, err := br.Query()
 	if err != nil {
-		return nil, err
+		return nil, r.mayNotReadShards(noShards, err)
 	}
 	rows, err := pgx.CollectRows(res, taskstate.ScanTaken)
 	if err != nil {
-		return nil, err
+		return nil, r.mayNotReadShards(noShards, err)
 	}
 	return rows, br.Close()
+}
+
+// mayNotReadShards returns err, the error of a round's TakeDue. When the relay's
+// role may not read delayq_queues (a role with the outbox's privileges alone,
+// docs/SECURITY.md), the next rounds take the rows without their shard count and
+// route by the count Redis holds, as before the rounds read Postgres's.
+func (r *Relay) mayNotReadShards(noShards bool, err error) error {
+	if pe := (*pgconn.PgError)(nil); !noShards && errors.As(err, &pe) && pe.Code == "42501" && strings.Contains(pe.Message, taskstate.QueuesTableName) {
+		r.noShards.Store(true)
+		r.cfg.Logger.Warn("relay: may not read the queue controls; rounds route sharded queues by the shard count Redis holds, "+
+			"which a Redis loss takes away: grant SELECT on "+taskstate.QueuesTableName, "error", pe.Message)
+	}
+	return err
 }
 
 // sawQueues adds the queues a round moved tasks into to the reaper's list.

@@ -65,15 +65,19 @@ type Statements struct {
 	// Relay: the round (TakeDue), poison rows (MarkInvalid), the next due time,
 	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
 	// retention.
-	TakeDue, TakeDueQueues       string
-	MarkInvalid                  string
-	NextDue, NextDueQueues       string
-	QueuedQueues                 string
-	MarkDead                     string
-	DepthLive, DepthFinished     string
-	Prune                        string
-	StateCounts, StateCountsSome string
-	PendingLag, PendingLagSome   string
+	TakeDue, TakeDueQueues string
+	// TakeDueNoShards and TakeDueQueuesNoShards are TakeDue and TakeDueQueues
+	// without the shard count: for a relay whose role may not read delayq_queues
+	// (docs/SECURITY.md), which then routes by the count Redis holds.
+	TakeDueNoShards, TakeDueQueuesNoShards string
+	MarkInvalid                            string
+	NextDue, NextDueQueues                 string
+	QueuedQueues                           string
+	MarkDead                               string
+	DepthLive, DepthFinished               string
+	Prune                                  string
+	StateCounts, StateCountsSome           string
+	PendingLag, PendingLagSome             string
 	// LiveCounts, LiveCountsSome and FinishedEstimate: the counts of delayq
 	// stats at a cost independent of the table's size (StateCounts is the
 	// exact count of every row).
@@ -101,7 +105,9 @@ const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payl
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
 	table := cfg.Table()
-	queues := cfg.queuesTable()
+	// The shard count of a row's queue, for TakeDue.
+	shards := fmt.Sprintf(`,
+	COALESCE((SELECT q.shards FROM %s AS q WHERE q.queue = %s.queue), 1)`, cfg.queuesTable(), table)
 	// notify is a scalar subquery the outer SELECT evaluates (once) when it emits its
 	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
 	// the relay hears it when the caller's transaction commits, and never if it rolls
@@ -156,8 +162,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, ` + RowColumns + `,
-	COALESCE((SELECT q.shards FROM %[3]s AS q WHERE q.queue = %[1]s.queue), 1)`
+RETURNING ctid, queue, ` + RowColumns + `%[3]s`
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -379,10 +384,12 @@ SET state = 'dead', done_at = statement_timestamp(), last_error = $4
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
   AND start_by IS NOT NULL`, table),
 
-		TakeDue:       fmt.Sprintf(takeDue, table, "", queues),
-		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", queues),
-		NextDue:       fmt.Sprintf(nextDue, table, ""),
-		NextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
+		TakeDue:               fmt.Sprintf(takeDue, table, "", shards),
+		TakeDueQueues:         fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", shards),
+		TakeDueNoShards:       fmt.Sprintf(takeDue, table, "", ""),
+		TakeDueQueuesNoShards: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", ""),
+		NextDue:               fmt.Sprintf(nextDue, table, ""),
+		NextDueQueues:         fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 
 		// $1 ctids, $2 errors: rows of the round that Redis would refuse, by the
 		// ctids TakeDue returned; they wait for a person like any dead task. The

@@ -68,13 +68,18 @@ type Taken struct {
 	Queue string
 	RedisRow
 	// Shards is the queue's shard count in Postgres (1 for a queue without
-	// controls), which the round routes by.
+	// controls), which the round routes by; 0 from TakeDueNoShards (a role that
+	// may not read delayq_queues): route by the count Redis holds.
 	Shards int
 }
 
 // ScanTaken reads one row TakeDue returns, for pgx.CollectRows.
 func ScanTaken(row pgx.CollectableRow) (Taken, error) {
 	var x Taken
-	err := row.Scan(append(append([]any{&x.CTID, &x.Queue}, x.columns()...), &x.Shards)...)
+	dst := append([]any{&x.CTID, &x.Queue}, x.columns()...)
+	if len(row.FieldDescriptions()) > len(dst) { // TakeDue, not TakeDueNoShards
+		dst = append(dst, &x.Shards)
+	}
+	err := row.Scan(dst...)
 	return x, err
 }
