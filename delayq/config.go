@@ -48,8 +48,9 @@ type Config struct {
 
 	// ShardRefresh is how long the Client trusts the shard count it read of a
 	// queue (Controls.Shards) before it reads it again. Default 1s. A change of
-	// the count reaches a running Client within it; an enqueue routed by a stale
-	// count is refused by Redis and routed anew, never misplaced.
+	// the count reaches a running Client within it, or sooner through a claim
+	// (the claim script reports the count); an enqueue routed by a stale count is
+	// refused by Redis and routed anew, never misplaced.
 	ShardRefresh time.Duration
 
 	// Logger receives rare events (pub/sub reconnects). Default: discard.

@@ -81,8 +81,12 @@ func ShardKeys(prefix, queue string, k, shards int) (Keys, error) {
 // it for Config.ShardRefresh. A stale count never misroutes a task: the enqueue
 // script compares the count it was given with its shard's n and refuses a
 // mismatch (the error "SHARDS <n>"), after which the Client reads the count again and
-// routes anew. Claims name their shard in the lease token, so a lease is settled
-// in its own shard whatever count the Client holds by then.
+// routes anew. A claim also reports the count shard 0 holds, and a Client routed
+// by another takes it at once. Callers that hold the count Postgres holds (the
+// relay, reconcile) pass it instead (QueueTasks.Shards, ProbeRouted,
+// RepairIfRouted), so a count Redis lost never routes their calls. Claims name
+// their shard in the lease token, so a lease is settled in its own shard whatever
+// count the Client holds by then.
 
 // shardCount is a queue's shard count as a Client read it.
 type shardCount struct {
