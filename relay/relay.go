@@ -335,7 +335,8 @@ func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]d
 		if b.Shards == 0 {
 			continue // TakeDueNoShards: routed by Redis's count
 		}
-		if n, err := r.dq.Shards(ctx, b.Queue); err != nil || n != b.Shards {
+		// (An error is Redis down: the enqueue below reports it.)
+		if n, err := r.dq.Shards(ctx, b.Queue); err == nil && n != b.Shards {
 			r.mirrorControls(ctx)
 			break
 		}
