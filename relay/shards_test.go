@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -30,11 +31,11 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 	b, rdb := ownRedisBundle(t)
 	ctx := ctxT(t)
 	const queue = "split"
-	c, err := b.ob.SetQueueShards(ctx, b.pool, queue, 3)
+	ctl, err := queuectl.New(b.pool, b.dq, b.ob.Config().Schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.dq.SetControls(ctx, queue, c.Version, delayq.Controls{Shards: 3}); err != nil {
+	if _, err := ctl.SetShards(ctx, queue, 3); err != nil {
 		t.Fatal(err)
 	}
 	if err := rdb.FlushAll(ctx).Err(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/queuectl"
 )
 
 // A worker that holds a queue's shard count of 1 learns that the queue was split
@@ -39,11 +40,11 @@ func TestWorkerLearnsShardCountOnClaim(t *testing.T) {
 
 	// The drained queue is split into 3 shards, and tasks due now go into
 	// shards 1 and 2 only: the worker's claim of shard 0 alone finds nothing.
-	c, err := b.ob.SetQueueShards(ctx, b.pool, queue, 3)
+	ctl, err := queuectl.New(b.pool, producer, b.ob.Config().Schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := producer.SetControls(ctx, queue, c.Version, delayq.Controls{Shards: 3}); err != nil {
+	if _, err := ctl.SetShards(ctx, queue, 3); err != nil {
 		t.Fatal(err)
 	}
 	var tasks []delayq.Task

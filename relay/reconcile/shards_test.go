@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 )
 
 // The repairs route by the shard count Postgres holds: after a Redis loss, before
@@ -19,7 +20,8 @@ func TestPassRoutesByPostgresShards(t *testing.T) {
 	b := setup(t)
 	ctx := ctxT(t, time.Minute)
 	const q = "split"
-	if _, err := b.ob.SetQueueShards(ctx, b.pool, q, 3); err != nil {
+	// Postgres alone: Redis holds no count, as after a loss.
+	if _, err := taskstate.New(taskstate.Config{Schema: b.ob.Config().Schema}).SetShards(ctx, b.pool, q, 3); err != nil {
 		t.Fatal(err)
 	}
 	var rows []pgRow
