@@ -228,6 +228,15 @@ func compileOne(s Schedule) (compiled, error) {
 		if s.TimeZone != "" {
 			x.spec += " (" + s.TimeZone + ")"
 		}
+		if spec, ok := cs.(*cron.SpecSchedule); ok {
+			// Fields are matched on the zone's wall clock (wallclock.go): a copy
+			// that reads its times as given, in UTC.
+			wall := *spec
+			wall.Location = time.UTC
+			x.next = func(t time.Time) time.Time { return wallNext(&wall, loc, t) }
+			break
+		}
+		// @every: an interval, absolute time, whatever the zone.
 		x.next = func(t time.Time) time.Time {
 			n := cs.Next(t.In(loc))
 			if n.IsZero() {
