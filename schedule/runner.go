@@ -29,6 +29,8 @@ type Runner struct {
 	ob    *outbox.Client
 	table string
 	log   *slog.Logger
+	// now, when set (tests), stands in for the database's clock.
+	now func() time.Time
 }
 
 // NewRunner returns a Runner for cfg (defaults applied, validated) that enqueues
@@ -92,9 +94,14 @@ func (r *Runner) Wait() time.Duration { return r.cfg.Lookahead / 2 }
 
 func (r *Runner) evaluate(ctx context.Context, pool DB, s *compiled) (Result, error) {
 	res := Result{Name: s.Name}
+	var clock *time.Time
+	if r.now != nil {
+		t := r.now()
+		clock = &t
+	}
 	// A new schedule starts at the database's now: no tick before it is missed.
 	if _, err := pool.Exec(ctx, `INSERT INTO `+r.table+` (name, queue, spec, last_tick)
-VALUES ($1, $2, $3, now()) ON CONFLICT (name) DO NOTHING`, s.Name, s.Queue, s.spec); err != nil {
+VALUES ($1, $2, $3, COALESCE($4::timestamptz, now())) ON CONFLICT (name) DO NOTHING`, s.Name, s.Queue, s.spec, clock); err != nil {
 		return res, fmt.Errorf("register: %w", err)
 	}
 	tx, err := pool.Begin(ctx)
@@ -110,6 +117,9 @@ VALUES ($1, $2, $3, now()) ON CONFLICT (name) DO NOTHING`, s.Name, s.Queue, s.sp
 	}
 	if err != nil {
 		return res, fmt.Errorf("lock: %w", err)
+	}
+	if clock != nil {
+		now = *clock
 	}
 	ticks, missed, newLast := r.ticks(s, last, now)
 	res.Missed, res.LastTick = missed, newLast

@@ -1,0 +1,9 @@
+package schedule
+
+import (
+	"testing"
+
+	"github.com/delayq/delayq/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
