@@ -14,6 +14,10 @@
 // becomes of them: skipped (the default), or the most recent Schedule.CatchUp of
 // them are enqueued at once, in tick order.
 //
+// A cron expression reads the wall clock of its time zone: a time that daylight
+// saving skips runs once, at the first instant after the gap; a time it repeats
+// runs once, at its first occurrence (wallclock.go). Intervals count absolute time.
+//
 // Times are the database's clock (now() in the relay's transaction), so relays with
 // skewed clocks agree; a tick's task runs at the tick's time by the Redis clock, as
 // every delayq task does, never early. Time zones come from the binary's own copy
@@ -72,6 +76,8 @@ type Schedule struct {
 	// @every 90m, ...), as github.com/robfig/cron/v3 parses them.
 	Cron string
 	// TimeZone is the IANA zone Cron is read in ("Europe/Paris"). Default UTC.
+	// Across daylight saving, a skipped time runs at the end of the gap and a
+	// repeated one once, at its first occurrence.
 	TimeZone string
 	// Every is a fixed interval (at least 1ms, whole ms): ticks are at the Unix
 	// epoch plus whole multiples of Every, so every relay computes the same ticks.
