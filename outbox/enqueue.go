@@ -77,16 +77,30 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 		notified int64
 		me       = notifier{id: w.id, sent: sent}
 	)
+	var created *time.Time // NULL: refused for its start deadline
 	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, id, createdAt},
 		func(scan func(...any) error) error {
 			res.Duplicate = false
-			return scan(&res.RunAt, &notified, &me.createdAt)
+			return scan(&res.RunAt, &notified, &created)
 		})
+	if created != nil {
+		me.createdAt = *created
+	}
 	c.notifiers.done(w.queue, me, renew, err == nil && notified > 0)
 	if err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue %s/%s: %w", t.Queue, t.ID, err)
 	}
+	if !res.Duplicate && created == nil {
+		return Result{}, fmt.Errorf("outbox: enqueue %s/%s: %w", t.Queue, t.ID, lateStartBy(t.StartBy, res.RunAt))
+	}
 	return res, nil
+}
+
+// lateStartBy is the error of a start deadline the statement refused: before the
+// task's due time, on the database clock.
+func lateStartBy(startBy, due time.Time) error {
+	return fmt.Errorf("%w: %v is before the task's due time %v (its run-at or now plus its delay, on the database clock): it could never start",
+		ErrInvalidStartBy, startBy.UTC().Format(time.RFC3339Nano), due.UTC().Format(time.RFC3339Nano))
 }
 
 type key struct{ queue, id string }
@@ -174,6 +188,8 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		inserted int64
 		now      time.Time // statement_timestamp(): run_at of a task with a delay is now + delay
 		named    map[key]bool
+		lateAt   int // 1-based position among the tasks sent of a start deadline refused
+		lateDue  time.Time
 	)
 	err := r.query(ctx, c.sql.EnqueueMany, []any{queues, ids, runAts, delays, payloads, attempts, traces, startBys, prios},
 		func(scan func(...any) error) error {
@@ -189,6 +205,10 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 				inserted, now = n, at
 				return nil
 			}
+			if n == -2 { // refused: notified holds the task's position
+				lateAt, lateDue = int(notified), at
+				return nil
+			}
 			if named == nil {
 				named = make(map[key]bool)
 			}
@@ -197,6 +217,11 @@ func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyR
 		})
 	if err != nil {
 		return ManyResult{}, fmt.Errorf("outbox: enqueue many (%d tasks): %w", len(tasks), err)
+	}
+	if lateAt > 0 && lateAt <= len(sent) {
+		i := sent[lateAt-1]
+		return ManyResult{}, fmt.Errorf("outbox: enqueue many: task %d of %d (%s/%s): %w; nothing was inserted",
+			i, len(tasks), tasks[i].Queue, tasks[i].ID, lateStartBy(tasks[i].StartBy, lateDue))
 	}
 	all := inserted == int64(len(sent))
 	if !all && int64(len(named)) != inserted {

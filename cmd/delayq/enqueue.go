@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -59,6 +60,11 @@ func (w *whenFlags) parse(fs *flagSet) (delay time.Duration, at time.Time, given
 		if err != nil {
 			return 0, time.Time{}, false, usagef("--at %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", w.at)
 		}
+		// The library reads a zero run-at as "not set", that is now: a zero given
+		// here is an unset timestamp, not a wish.
+		if at.IsZero() {
+			return 0, time.Time{}, false, usagef("--at %q: %v: the zero time; leave --at out to run now", w.at, outbox.ErrInvalidRunAt)
+		}
 	}
 	return w.delay, at, isSet(fs, "delay") || w.at != "", nil
 }
@@ -96,7 +102,7 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	payload := fs.String("payload", "", "the payload, as given")
 	payloadFile := fs.String("payload-file", "", "read the payload from this file ('-': standard input)")
 	maxAttempts := fs.Int("max-attempts", 0, "runs before the task is dead (0: the outbox default, 25)")
-	startBy := fs.String("start-by", "", "the latest start, RFC 3339: a task that cannot start by then is dead with the reason, never run late")
+	startBy := fs.String("start-by", "", "the latest start, RFC 3339, not before the due time: a task that cannot start by then is dead with the reason, never run late")
 	priority := fs.Int("priority", 0, "0..9: among the queue's due tasks, higher runs first (0: the default, the lowest)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
@@ -132,6 +138,9 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 		if t.StartBy, err = time.Parse(time.RFC3339Nano, *startBy); err != nil {
 			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", *startBy)
 		}
+		if t.StartBy.IsZero() { // the library reads it as "no deadline"
+			return usagef("--start-by %q: %v: the zero time; leave --start-by out for no deadline", *startBy, outbox.ErrInvalidStartBy)
+		}
 	}
 	if err := ob.Validate(t); err != nil {
 		return usagef("%v", err)
@@ -142,6 +151,11 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	}
 	defer pool.Close()
 	res, err := ob.Enqueue(ctx, pool, t)
+	if errors.Is(err, outbox.ErrInvalidStartBy) {
+		// Refused by the statement: before now plus --delay on the database clock,
+		// or already past.
+		return usagef("--start-by: %v", err)
+	}
 	if err != nil {
 		return err
 	}

@@ -194,6 +194,12 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
 		// transaction goes on. Returns run_at, the notification count and created_at.
 		//
+		// A start deadline before the due time (run_at, or now when run_at is past)
+		// inserts nothing either: the one row returned is that due time, -1 and NULL.
+		// The check is here because the due time of a delay is statement_timestamp()
+		// plus the delay, on the database clock: exact only in the statement, and
+		// the caller's transaction stays usable (no error is raised).
+		//
 		// The notification is left out when that enqueue's row is visible to this
 		// statement: its transaction committed (and the savepoint it ran in, if any,
 		// was not rolled back), so its notification was delivered and the relay's
@@ -207,16 +213,23 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// A row that left its notification out gets notify_late, the channel: the
 		// trigger of migration 00015 notifies at this transaction's commit if the
 		// commit comes too late for those follow-up rounds.
-		Enqueue: fmt.Sprintf(`WITH ins AS (
+		Enqueue: fmt.Sprintf(`WITH due AS (
+	SELECT r.run_at, greatest(r.run_at, statement_timestamp()) AS due,
+	       CASE WHEN $8::timestamptz < greatest(r.run_at, statement_timestamp())
+	            THEN NOT EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $2) ELSE false END AS late
+	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS r
+), ins AS (
 	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, notify_late)
-	SELECT $1, $2, v.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
+	SELECT $1, $2, due.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
 	       CASE WHEN %[2]s AND EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)
 	            THEN '%[3]s' END
-	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS v
+	FROM due WHERE NOT due.late
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING run_at, created_at, notify_late
 )
-SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
+SELECT run_at, %[4]s, created_at FROM ins
+UNION ALL
+SELECT due, -1, NULL FROM due WHERE late`, table, soon, cfg.NotifyChannel,
 			notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+" AND notify_late IS NULL) AS v")),
 
 		// Arrays, one element per task, duplicates within the batch already removed:
@@ -241,7 +254,19 @@ SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
 		// inserted than sent (duplicates of existing rows) one more row per inserted
 		// task follows, marked n = -1, naming it; otherwise the scan of ins is never
 		// run (a one-time filter).
-		EnqueueMany: fmt.Sprintf(`WITH ins AS (
+		//
+		// A start deadline before its task's due time (as in Enqueue: exact on the
+		// database clock) refuses the whole batch: nothing is inserted (a one-time
+		// filter on late, which runs before the first row) and one more row, marked
+		// n = -2, gives the first such task's due time and position (1-based, in
+		// the arrays' order) in place of the notification count.
+		EnqueueMany: fmt.Sprintf(`WITH late AS (
+	SELECT k.i, greatest(COALESCE(k.run_at, statement_timestamp() + k.delay), statement_timestamp()) AS due
+	FROM unnest($3::timestamptz[], $4::interval[], $8::timestamptz[]) WITH ORDINALITY AS k(run_at, delay, start_by, i)
+	WHERE k.start_by < greatest(COALESCE(k.run_at, statement_timestamp() + k.delay), statement_timestamp())
+	ORDER BY k.i
+	LIMIT 1
+), ins AS (
 	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
 	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by, COALESCE(u.priority, 0)
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
@@ -250,6 +275,7 @@ SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
 	             unnest(COALESCE($7::text[], '{}')) AS trace,
 	             unnest($8::timestamptz[]) AS start_by,
 	             unnest(COALESCE($9::smallint[], '{}')) AS priority) AS u
+	WHERE NOT EXISTS (SELECT FROM late)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
 ), c AS (
@@ -258,7 +284,9 @@ SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
 SELECT c.n, statement_timestamp(), %s, ''::text, ''::text FROM c
 UNION ALL
 SELECT -1, statement_timestamp(), 0, queue, task_id FROM ins
-WHERE (SELECT n FROM c) < cardinality($2::text[])`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
+WHERE (SELECT n FROM c) < cardinality($2::text[])
+UNION ALL
+SELECT -2, late.due, late.i, ''::text, ''::text FROM late`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
 
 		// $1 queue, $2 task_id.
 		Cancel: fmt.Sprintf(`UPDATE %s
