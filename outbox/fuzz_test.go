@@ -10,10 +10,11 @@ import (
 )
 
 func FuzzValidate(f *testing.F) {
-	f.Add("payment", "order-1001", 20, int64(0), int64(0), 0, 0)
-	f.Add("", "", 0, int64(-1), int64(-1), -1, -1)
-	f.Add("a{b}", "x}", 70000, int64(time.Hour), int64(1), 1<<31, 10)
-	f.Add("q", "id", 0, int64(time.Second), int64(2000000000), 3, 9)
+	f.Add("payment", "order-1001", 20, int64(0), int64(0), 0, 0, int64(0))
+	f.Add("", "", 0, int64(-1), int64(-1), -1, -1, int64(-1))
+	f.Add("a{b}", "x}", 70000, int64(time.Hour), int64(1), 1<<31, 10, int64(1e15))
+	f.Add("q", "id", 0, int64(time.Second), int64(2000000000), 3, 9, int64(1999999999000))
+	f.Add("q", "id", 0, int64(0), int64(2000000000), 0, 0, int64(2000000000000))
 	c, err := outbox.New(outbox.Config{})
 	if err != nil {
 		f.Fatal(err)
@@ -21,8 +22,9 @@ func FuzzValidate(f *testing.F) {
 	sentinels := []error{
 		outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, outbox.ErrInvalidDelay,
 		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, outbox.ErrInvalidPriority,
+		outbox.ErrInvalidStartBy,
 	}
-	f.Fuzz(func(t *testing.T, queue, id string, payloadLen int, delay, runAtUnix int64, maxAttempts, priority int) {
+	f.Fuzz(func(t *testing.T, queue, id string, payloadLen int, delay, runAtUnix int64, maxAttempts, priority int, startByMS int64) {
 		task := outbox.Task{
 			Queue:       queue,
 			ID:          id,
@@ -33,6 +35,9 @@ func FuzzValidate(f *testing.F) {
 		}
 		if runAtUnix != 0 {
 			task.RunAt = time.Unix(runAtUnix, 0)
+		}
+		if startByMS != 0 {
+			task.StartBy = time.UnixMilli(startByMS)
 		}
 		err := c.Validate(task)
 		if err != nil {
@@ -60,6 +65,11 @@ func FuzzValidate(f *testing.F) {
 		}
 		if !task.RunAt.IsZero() && (task.Delay != 0 || task.RunAt.Unix() <= 0 || task.RunAt.Year() > 9999) {
 			t.Fatalf("accepted run-at %v with delay %v", task.RunAt, task.Delay)
+		}
+		// The statement checks a deadline against now plus the delay; Validate
+		// against what it knows: the range and the run-at.
+		if !task.StartBy.IsZero() && (startByMS <= 0 || startByMS > 1e14 || task.StartBy.Before(task.RunAt)) {
+			t.Fatalf("accepted start deadline %v with run-at %v", task.StartBy, task.RunAt)
 		}
 	})
 }
