@@ -37,7 +37,9 @@ type ManyResult struct {
 // error: the caller's transaction stays usable.
 //
 // Invalid input is reported before anything is sent, with an error wrapping one of the
-// sentinels listed at Validate.
+// sentinels listed at Validate; a StartBy before the due time (now plus Delay, on the
+// database clock) is refused by the statement itself, ErrInvalidStartBy, nothing
+// written and the transaction usable.
 func (c *Client) Enqueue(ctx context.Context, q Querier, t Task) (Result, error) {
 	return c.enqueue(ctx, pgxRunner{q}, t)
 }

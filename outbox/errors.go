@@ -7,7 +7,8 @@ import (
 )
 
 // Errors of invalid input. Nothing is written when one is returned, also in EnqueueMany,
-// where every task is checked before the statement is sent.
+// where every task is checked before the statement is sent (and a start deadline
+// against the due time by the statement, for the whole batch).
 var (
 	// ErrInvalidQueue reports a queue name that is empty, longer than 64 bytes or has a
 	// character outside [A-Za-z0-9_.-]. It is the same value as delayq.ErrInvalidQueue.
@@ -24,7 +25,9 @@ var (
 	// ErrInvalidRunAt reports a run-at time that cannot be meant: at or before the Unix
 	// epoch (an unset timestamp), after the year 9999, or given together with a Delay.
 	ErrInvalidRunAt = errors.New("invalid run-at time")
-	// ErrInvalidStartBy reports a start deadline out of range, or before RunAt.
+	// ErrInvalidStartBy reports a start deadline out of range, or before the task's
+	// due time (RunAt, now plus Delay on the database clock, or now): Validate
+	// checks the range and RunAt, the enqueue statement the rest, writing nothing.
 	ErrInvalidStartBy = errors.New("invalid start deadline")
 	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")

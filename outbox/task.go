@@ -40,8 +40,9 @@ type Task struct {
 	// by the Redis clock, to the millisecond: a task that cannot start by then
 	// (a backlog, an outage, retries) is not run late but made dead with the
 	// reason, and handed to the queue's OnMissedDeadline hook (worker) in the
-	// same transaction, exactly once. Zero: no deadline. Must not be before
-	// RunAt.
+	// same transaction, exactly once. Zero: no deadline. Must not be before the
+	// due time: RunAt, or now plus Delay on the database clock (checked by the
+	// insert), and not past.
 	StartBy time.Time
 	// Priority orders the tasks of the queue that are already due: 0..9, higher
 	// first; 0, the default, is the lowest (as the weights of worker.Prioritize:
