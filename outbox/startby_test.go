@@ -15,7 +15,7 @@ import (
 // time (now plus its delay, its run-at, or now for a run-at in the past) is refused
 // with ErrInvalidStartBy by Enqueue, EnqueueSQL and EnqueueMany, nothing is
 // written, and the caller's transaction goes on; a deadline at or after the due
-// time is stored. Before the check in the statement, the delay and past cases were
+// time is stored, and a task whose key exists is a duplicate whatever its deadline. Before the check in the statement, the delay and past cases were
 // accepted and the task died unrun.
 func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 	t.Parallel()
@@ -111,5 +111,15 @@ func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 	})
 	if err != nil || mr.Inserted != 2 {
 		t.Fatalf("EnqueueMany: %+v, %v", mr, err)
+	}
+	// A key that exists is a duplicate, whatever its deadline: a producer retrying
+	// after its deadline passed finds its task enqueued.
+	past := outbox.Task{Queue: "fine", ID: "0", StartBy: now.Add(-time.Minute)}
+	if res, err := b.client.Enqueue(ctx, b.pool, past); err != nil || !res.Duplicate {
+		t.Fatalf("a retry past its deadline: %+v, %v; want a duplicate", res, err)
+	}
+	mr, err = b.client.EnqueueMany(ctx, b.pool, []outbox.Task{past, {Queue: "fine", ID: "m3"}})
+	if err != nil || mr.Inserted != 1 || mr.Duplicates != 1 {
+		t.Fatalf("EnqueueMany with a retry past its deadline: %+v, %v", mr, err)
 	}
 }

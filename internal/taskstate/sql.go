@@ -195,7 +195,9 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// transaction goes on. Returns run_at, the notification count and created_at.
 		//
 		// A start deadline before the due time (run_at, or now when run_at is past)
-		// inserts nothing either: the one row returned is that due time, -1 and NULL.
+		// inserts nothing either: the one row returned is that due time, -1 and NULL;
+		// unless the key exists, a duplicate (a producer's retry after its deadline
+		// passed finds its task there).
 		// The check is here because the due time of a delay is statement_timestamp()
 		// plus the delay, on the database clock: exact only in the statement, and
 		// the caller's transaction stays usable (no error is raised).
@@ -256,18 +258,19 @@ SELECT due, -1, NULL FROM due WHERE late`, table, soon, cfg.NotifyChannel,
 		// run (a one-time filter).
 		//
 		// A start deadline before its task's due time (as in Enqueue: exact on the
-		// database clock) refuses the whole batch: nothing is inserted (a one-time
+		// database clock; a task whose key exists is a duplicate) refuses the whole batch: nothing is inserted (a one-time
 		// filter on late, which runs before the first row) and one more row, marked
 		// n = -2, gives the first such task's due time and position (1-based, in
 		// the arrays' order) in place of the notification count.
 		EnqueueMany: fmt.Sprintf(`WITH late AS (
 	SELECT k.i, greatest(COALESCE(k.run_at, statement_timestamp() + k.delay), statement_timestamp()) AS due
-	FROM unnest($3::timestamptz[], $4::interval[], $8::timestamptz[]) WITH ORDINALITY AS k(run_at, delay, start_by, i)
-	WHERE k.start_by < greatest(COALESCE(k.run_at, statement_timestamp() + k.delay), statement_timestamp())
+	FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::interval[], $8::timestamptz[]) WITH ORDINALITY AS k(queue, task_id, run_at, delay, start_by, i)
+	WHERE CASE WHEN k.start_by < greatest(COALESCE(k.run_at, statement_timestamp() + k.delay), statement_timestamp())
+	           THEN NOT EXISTS (SELECT FROM %[1]s t WHERE t.queue = k.queue AND t.task_id = k.task_id) ELSE false END
 	ORDER BY k.i
 	LIMIT 1
 ), ins AS (
-	INSERT INTO %s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
 	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by, COALESCE(u.priority, 0)
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
 	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
@@ -281,7 +284,7 @@ SELECT due, -1, NULL FROM due WHERE late`, table, soon, cfg.NotifyChannel,
 ), c AS (
 	SELECT count(*) AS n FROM ins
 )
-SELECT c.n, statement_timestamp(), %s, ''::text, ''::text FROM c
+SELECT c.n, statement_timestamp(), %[2]s, ''::text, ''::text FROM c
 UNION ALL
 SELECT -1, statement_timestamp(), 0, queue, task_id FROM ins
 WHERE (SELECT n FROM c) < cardinality($2::text[])
