@@ -275,6 +275,14 @@ func TestRedisRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitStates(t, 20*time.Second, map[string]int{"queued": 200})
+	// go-redis's pool, after as many failed dials as its size, answers with the
+	// last dial error until its probe (one a second) reaches the server again; the
+	// relay's rounds now ask Redis during the outage often enough to trip it, and
+	// its connections dialled since may all be busy when the test asks.
+	eventually(t, 5*time.Second, func() (bool, string) {
+		err := b.rdb.Ping(ctxT(t)).Err()
+		return err == nil, fmt.Sprint(err)
+	})
 
 	got := b.ready(t, "q")
 	var want []string

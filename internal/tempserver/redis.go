@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -99,11 +100,19 @@ func (r *Redis) Start(ctx context.Context) error {
 		opt, _ := redis.ParseURL(r.URL())
 		c := redis.NewClient(opt)
 		defer c.Close()
-		err = c.Ping(ctx).Err()
+		info, err := c.Info(ctx, "server").Result()
 		if err != nil && isAuthError(err) {
 			return nil // up, and asking for a password we were not given here
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// The server on the port must be ours: another process may have taken
+		// the port while this server was stopped, and ours then fails to bind.
+		if want := "process_id:" + strconv.Itoa(proc.cmd.Process.Pid) + "\r\n"; !strings.Contains(info, want) {
+			return fmt.Errorf("tempserver: port %d is answered by another Redis server", r.port)
+		}
+		return nil
 	})
 	if err != nil {
 		proc.stop(syscall.SIGKILL, time.Second)

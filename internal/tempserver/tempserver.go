@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -33,14 +34,36 @@ const InstallHint = "install PostgreSQL and Redis server binaries " +
 	"(Debian/Ubuntu: apt-get install postgresql redis-server; macOS: brew install postgresql redis), " +
 	"or start Docker, or pass DATABASE_URL and REDIS_URL of servers you already run"
 
-// freePort asks the kernel for a free loopback port.
+// handedOut holds every port freePort gave in this process. A server that is
+// stopped and started again (a fault test) takes its port back; meanwhile the
+// kernel may hand that free port to another test's new server, whose restart
+// target it would then silently be (a restarted Redis that failed to bind, and
+// a readiness ping answered by the other server). A port is never given twice
+// in one process; ports are a process-wide resource, hence the package variable.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort asks the kernel for a free loopback port this process never handed
+// out before.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		handedOut.Lock()
+		taken := handedOut.ports[port]
+		handedOut.ports[port] = true
+		handedOut.Unlock()
+		if !taken {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("tempserver: no loopback port this process has not used")
 }
 
 // PostgresBinary finds a program of a PostgreSQL installation (initdb, pgbench):
