@@ -80,7 +80,11 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 		me       = notifier{id: w.id, sent: sent}
 	)
 	var created *time.Time // NULL: refused for its start deadline
-	err := r.query(ctx, c.sql.Enqueue, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, id, createdAt},
+	stmt := c.sql.Enqueue
+	if w.startBy != nil {
+		stmt = c.sql.EnqueueStartBy // checked against the due time in the statement
+	}
+	err := r.query(ctx, stmt, []any{w.queue, w.id, w.runAt, w.delayUS, w.payload, w.maxAttempts, w.trace, w.startBy, w.priority, id, createdAt},
 		func(scan func(...any) error) error {
 			res.Duplicate = false
 			return scan(&res.RunAt, &notified, &created)

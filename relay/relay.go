@@ -45,7 +45,7 @@ type Relay struct {
 	heal healState
 
 	mirrored atomic.Int64 // Unix ns of the last controls mirror a round asked for
-	noShards atomic.Bool  // the role may not read delayq_queues: TakeDueNoShards
+	noShards atomic.Bool  // the role may not read delayq_queues: no ShardedQueues
 }
 
 // DB is what a Relay needs of Postgres: statements, transactions (reconcile's
@@ -333,7 +333,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
 	for _, b := range batches {
 		if b.Shards == 0 {
-			continue // TakeDueNoShards: routed by Redis's count
+			continue // the role may not read the counts: routed by Redis's
 		}
 		// (An error is Redis down: the enqueue below reports it.)
 		if n, err := r.dq.Shards(ctx, b.Queue); err == nil && n != b.Shards {
@@ -375,16 +375,15 @@ func (r *Relay) mirrorControls(ctx context.Context) {
 // too (docs/DESIGN.md, "Write orders").
 func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) {
 	noShards := r.noShards.Load()
-	take, takeQueues := r.sql.TakeDue, r.sql.TakeDueQueues
-	if noShards {
-		take, takeQueues = r.sql.TakeDueNoShards, r.sql.TakeDueQueuesNoShards
-	}
 	b := &pgx.Batch{}
 	b.Queue("SET LOCAL synchronous_commit TO off")
 	if len(r.cfg.Queues) > 0 {
-		b.Queue(takeQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
+		b.Queue(r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
 	} else {
-		b.Queue(take, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+		b.Queue(r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+	}
+	if !noShards {
+		b.Queue(r.sql.ShardedQueues)
 	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
@@ -393,21 +392,38 @@ func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) 
 	}
 	res, err := br.Query()
 	if err != nil {
-		return nil, r.mayNotReadShards(noShards, err)
+		return nil, err
 	}
 	rows, err := pgx.CollectRows(res, taskstate.ScanTaken)
 	if err != nil {
-		return nil, r.mayNotReadShards(noShards, err)
+		return nil, err
+	}
+	if !noShards {
+		res, err := br.Query()
+		if err != nil {
+			return nil, r.mayNotReadShards(err)
+		}
+		sharded := map[string]int{}
+		var (
+			q string
+			n int
+		)
+		if _, err := pgx.ForEachRow(res, []any{&q, &n}, func() error { sharded[q] = n; return nil }); err != nil {
+			return nil, r.mayNotReadShards(err)
+		}
+		for i := range rows {
+			rows[i].Shards = max(sharded[rows[i].Queue], 1)
+		}
 	}
 	return rows, br.Close()
 }
 
-// mayNotReadShards returns err, the error of a round's TakeDue. When the relay's
+// mayNotReadShards returns err, the error of a round's ShardedQueues. When the relay's
 // role may not read delayq_queues (a role with the outbox's privileges alone,
 // docs/SECURITY.md), the next rounds take the rows without their shard count and
 // route by the count Redis holds, as before the rounds read Postgres's.
-func (r *Relay) mayNotReadShards(noShards bool, err error) error {
-	if pe := (*pgconn.PgError)(nil); !noShards && errors.As(err, &pe) && pe.Code == "42501" && strings.Contains(pe.Message, taskstate.QueuesTableName) {
+func (r *Relay) mayNotReadShards(err error) error {
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "42501" && strings.Contains(pe.Message, taskstate.QueuesTableName) {
 		r.noShards.Store(true)
 		r.cfg.Logger.Warn("relay: may not read the queue controls; rounds route sharded queues by the shard count Redis holds, "+
 			"which a Redis loss takes away: grant SELECT on "+taskstate.QueuesTableName, "error", pe.Message)

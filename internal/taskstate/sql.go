@@ -45,7 +45,7 @@ func (c Config) HookChannel() string {
 type Statements struct {
 	// Producer: Enqueue and EnqueueMany insert (enqueue), Cancel and Reschedule
 	// change live rows.
-	Enqueue, EnqueueMany, Cancel, Reschedule string
+	Enqueue, EnqueueStartBy, EnqueueMany, Cancel, Reschedule string
 
 	// Row reads one row's state, version and last error: why a guarded update
 	// found nothing. Rows does the same for many ids of one queue.
@@ -66,18 +66,18 @@ type Statements struct {
 	// the queues with queued rows, the reaper's dead mirror, the row gauges, and
 	// retention.
 	TakeDue, TakeDueQueues string
-	// TakeDueNoShards and TakeDueQueuesNoShards are TakeDue and TakeDueQueues
-	// without the shard count: for a relay whose role may not read delayq_queues
-	// (docs/SECURITY.md), which then routes by the count Redis holds.
-	TakeDueNoShards, TakeDueQueuesNoShards string
-	MarkInvalid                            string
-	NextDue, NextDueQueues                 string
-	QueuedQueues                           string
-	MarkDead                               string
-	DepthLive, DepthFinished               string
-	Prune                                  string
-	StateCounts, StateCountsSome           string
-	PendingLag, PendingLagSome             string
+	// ShardedQueues is every queue of more than one shard with its count, from
+	// delayq_queues (a row a queue with controls): the round sends it behind
+	// TakeDue in the same transaction and routes the rows it took by it.
+	ShardedQueues                string
+	MarkInvalid                  string
+	NextDue, NextDueQueues       string
+	QueuedQueues                 string
+	MarkDead                     string
+	DepthLive, DepthFinished     string
+	Prune                        string
+	StateCounts, StateCountsSome string
+	PendingLag, PendingLagSome   string
 	// LiveCounts, LiveCountsSome and FinishedEstimate: the counts of delayq
 	// stats at a cost independent of the table's size (StateCounts is the
 	// exact count of every row).
@@ -105,9 +105,6 @@ const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payl
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
 	table := cfg.Table()
-	// The shard count of a row's queue, for TakeDue.
-	shards := fmt.Sprintf(`,
-	COALESCE((SELECT q.shards FROM %s AS q WHERE q.queue = %s.queue), 1)`, cfg.queuesTable(), table)
 	// notify is a scalar subquery the outer SELECT evaluates (once) when it emits its
 	// first row, that is only if a row was inserted or updated. NOTIFY is transactional:
 	// the relay hears it when the caller's transaction commits, and never if it rolls
@@ -142,11 +139,14 @@ func NewStatements(cfg Config) Statements {
 	// snapshot and its lock is not returned, and waits for the next round.) The
 	// move drops notify_late (migration 00015): its trigger fired at the insert's
 	// commit, and a queued row need not carry the channel's bytes for its life.
-	// Each row comes with its queue's shard count (delayq_queues, 1 without a
-	// row), read in the same snapshot: the round routes by the count Postgres
-	// holds, never by one Redis may have lost. The count changes only while the
-	// queue has no pending row (SetShards), so it is the count these rows must be
-	// moved with.
+	// The round reads the shard counts (ShardedQueues) right after, in the same
+	// transaction and round trip, and routes by the count Postgres holds, never by
+	// one Redis may have lost. A count changes only while its queue has no pending
+	// row (SetShards refuses otherwise), and the rows this statement took stay
+	// pending to every other transaction until the round commits: so the count
+	// read after it is the count they must be moved with. (Read a row at a time,
+	// by a subquery or a join here, it cost the relay 13 % of its rows a second:
+	// BENCHMARKS.md, issue 29.)
 	const takeDue = `UPDATE %[1]s
 SET state = 'queued', queued_at = now(), notify_late = NULL
 WHERE ctid = ANY(ARRAY(
@@ -162,7 +162,7 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))
-RETURNING ctid, queue, ` + RowColumns + `%[3]s`
+RETURNING ctid, queue, ` + RowColumns
 	// nextDue tells when the next pending row falls due (NULL: none), on the
 	// database clock, and that clock.
 	const nextDue = `SELECT min(run_at), now() FROM %s WHERE state = 'pending'%s`
@@ -215,7 +215,22 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// A row that left its notification out gets notify_late, the channel: the
 		// trigger of migration 00015 notifies at this transaction's commit if the
 		// commit comes too late for those follow-up rounds.
-		Enqueue: fmt.Sprintf(`WITH due AS (
+		Enqueue: fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, notify_late)
+	SELECT $1, $2, v.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
+	       CASE WHEN %[2]s AND EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)
+	            THEN '%[3]s' END
+	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS v
+	ON CONFLICT (queue, task_id) DO NOTHING
+	RETURNING run_at, created_at, notify_late
+)
+SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
+			notify("$1::text", "(SELECT 1 FROM ins WHERE "+soon+" AND notify_late IS NULL) AS v")),
+		// EnqueueStartBy is Enqueue for a task with a start deadline ($8 set), which
+		// the statement checks against the due time. A task without one (most)
+		// takes Enqueue, which spends nothing on the check (its CTE and second
+		// branch, on every producer's transaction: BENCHMARKS.md, issue 29).
+		EnqueueStartBy: fmt.Sprintf(`WITH due AS (
 	SELECT r.run_at, greatest(r.run_at, statement_timestamp()) AS due,
 	       CASE WHEN $8::timestamptz < greatest(r.run_at, statement_timestamp())
 	            THEN NOT EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $2) ELSE false END AS late
@@ -415,12 +430,11 @@ SET state = 'dead', done_at = statement_timestamp(), last_error = $4
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')
   AND start_by IS NOT NULL`, table),
 
-		TakeDue:               fmt.Sprintf(takeDue, table, "", shards),
-		TakeDueQueues:         fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", shards),
-		TakeDueNoShards:       fmt.Sprintf(takeDue, table, "", ""),
-		TakeDueQueuesNoShards: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])", ""),
-		NextDue:               fmt.Sprintf(nextDue, table, ""),
-		NextDueQueues:         fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
+		TakeDue:       fmt.Sprintf(takeDue, table, ""),
+		TakeDueQueues: fmt.Sprintf(takeDue, table, " AND queue = ANY($3::text[])"),
+		ShardedQueues: fmt.Sprintf(`SELECT queue, shards FROM %s WHERE shards > 1`, cfg.queuesTable()),
+		NextDue:       fmt.Sprintf(nextDue, table, ""),
+		NextDueQueues: fmt.Sprintf(nextDue, table, " AND queue = ANY($1::text[])"),
 
 		// $1 ctids, $2 errors: rows of the round that Redis would refuse, by the
 		// ctids TakeDue returned; they wait for a person like any dead task. The

@@ -100,7 +100,9 @@ FROM generate_series(1, 20000) AS i`)
 			t.Fatalf("%s: %v", tc.name, rows.Err())
 		}
 		p := strings.Join(plan, "\n")
-		if !strings.Contains(p, tc.index) || strings.Contains(p, "Seq Scan") {
+		// No Seq Scan of the outbox (one of delayq_queues, a row a queue with
+		// controls, is the cheap side of TakeDue's hash join).
+		if !strings.Contains(p, tc.index) || strings.Contains(p, "Seq Scan on "+TableName) {
 			t.Errorf("%s: plan does not use %s alone:\n%s", tc.name, tc.index, p)
 		}
 	}

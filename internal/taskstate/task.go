@@ -68,18 +68,15 @@ type Taken struct {
 	Queue string
 	RedisRow
 	// Shards is the queue's shard count in Postgres (1 for a queue without
-	// controls), which the round routes by; 0 from TakeDueNoShards (a role that
-	// may not read delayq_queues): route by the count Redis holds.
+	// controls), which the round routes by; 0 when the relay's role may not read
+	// delayq_queues: route by the count Redis holds. Set by the relay
+	// (ShardedQueues), not by ScanTaken.
 	Shards int
 }
 
 // ScanTaken reads one row TakeDue returns, for pgx.CollectRows.
 func ScanTaken(row pgx.CollectableRow) (Taken, error) {
 	var x Taken
-	dst := append([]any{&x.CTID, &x.Queue}, x.columns()...)
-	if len(row.FieldDescriptions()) > len(dst) { // TakeDue, not TakeDueNoShards
-		dst = append(dst, &x.Shards)
-	}
-	err := row.Scan(dst...)
+	err := row.Scan(append([]any{&x.CTID, &x.Queue}, x.columns()...)...)
 	return x, err
 }
