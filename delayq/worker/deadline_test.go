@@ -43,8 +43,11 @@ func TestMissedStartDeadline(t *testing.T) {
 	const late, onTime = 200, 200
 	var tasks []outbox.Task
 	now := time.Now()
+	// A deadline already past is refused at enqueue (ErrInvalidStartBy): the late
+	// tasks' deadline passes while they wait in Redis, before a worker starts.
+	lateBy := now.Add(3 * time.Second)
 	for i := range late {
-		tasks = append(tasks, outbox.Task{Queue: "dl", ID: fmt.Sprintf("late-%03d", i), StartBy: now.Add(-time.Second)})
+		tasks = append(tasks, outbox.Task{Queue: "dl", ID: fmt.Sprintf("late-%03d", i), StartBy: lateBy})
 	}
 	for i := range onTime {
 		tasks = append(tasks, outbox.Task{Queue: "dl", ID: fmt.Sprintf("ok-%03d", i), StartBy: now.Add(time.Hour)})
@@ -52,7 +55,7 @@ func TestMissedStartDeadline(t *testing.T) {
 	tasks = append(tasks, outbox.Task{Queue: "dl", ID: "none"})
 	// Without a hook: dead with the reason all the same.
 	for i := range 20 {
-		tasks = append(tasks, outbox.Task{Queue: "bare", ID: fmt.Sprintf("late-%03d", i), StartBy: now.Add(-time.Second)})
+		tasks = append(tasks, outbox.Task{Queue: "bare", ID: fmt.Sprintf("late-%03d", i), StartBy: lateBy})
 	}
 	if _, err := ob.EnqueueMany(ctx, pool, tasks); err != nil {
 		t.Fatal(err)
@@ -95,6 +98,8 @@ func TestMissedStartDeadline(t *testing.T) {
 	if d, err := rdb.HGet(ctx, keys.TaskKey("ok-000"), "d").Result(); err != nil || d != fmt.Sprint(now.Add(time.Hour).UnixMilli()) {
 		t.Fatalf("ok-000's d = %q (%v), want its deadline in ms", d, err)
 	}
+
+	time.Sleep(time.Until(lateBy.Add(100 * time.Millisecond))) // the late tasks' deadline passes
 
 	var handled, hooked atomic.Int64
 	for w := range 2 {
