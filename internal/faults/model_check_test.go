@@ -179,8 +179,8 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 	}
 	if hasRow && (mt.k == kOpen || mt.k == kMaybeGone || mt.k == kDone || mt.k == kDead) {
 		st, attempt, ok := m.expected(mt)
-		if ok && m.lostByKill(mt, runs) {
-			ok = false // a worker kill may have lost a run of this version
+		if ok && (m.lostByKill(mt, runs) || m.crashedDuring(mt, runs)) {
+			ok = false // a worker kill or a Postgres crash may have changed a run's outcome
 		}
 		if ok {
 			certain = true
@@ -274,6 +274,24 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 		}
 	}
 	return certain
+}
+
+// crashedDuring reports whether a run of mt's current version was claimed while
+// a Postgres crash could fail it: from a slow handler's length before the crash
+// to the end of the uncertain time after the restart. Such a run is recorded,
+// but its transaction, or the record of its failure, may have died with the
+// server (seed 7245670694199011382: a run planned to succeed was recorded as a
+// failure, its last attempt, and the task went dead).
+func (m *model) crashedDuring(mt *mtask, runs []modelRun) bool {
+	for _, c := range m.pgCrashes {
+		for _, r := range runs {
+			if r.inc == mt.inc && r.version == mt.version &&
+				r.claimedAt.After(c.from.Add(-modelSlow)) && r.claimedAt.Before(c.to) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // killedSince reports whether a worker was killed since t.

@@ -84,11 +84,14 @@ type model struct {
 	pg      *tempserver.Postgres // the model's own server, which opPostgresCrash kills
 	st      taskstate.Statements
 
-	kills  []time.Time    // when a worker was SIGKILLed
-	spans  []controlSpan  // the pauses and rate limits applied, by the Redis clock
-	ops    map[string]int // operations applied, by name
-	oplog  []string
-	faults []string // model-level faults found while generating
+	kills []time.Time   // when a worker was SIGKILLed
+	spans []controlSpan // the pauses and rate limits applied, by the Redis clock
+	// pgCrashes are the Postgres crashes, each from the kill to the end of the
+	// time its broken connections may still fail a run (opPostgresCrash).
+	pgCrashes []struct{ from, to time.Time }
+	ops       map[string]int // operations applied, by name
+	oplog     []string
+	faults    []string // model-level faults found while generating
 }
 
 func newModel(s *system, seed uint64) *model {

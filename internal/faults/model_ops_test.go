@@ -281,6 +281,7 @@ func (m *model) opPostgresCrash(ctx context.Context) {
 	// after the restart (seed 12063338160590389825: a task enqueued 180 ms after
 	// the restart lost its first run's planned outcome).
 	m.kills = append(m.kills, time.Now().Add(2*time.Second))
+	m.pgCrashes = append(m.pgCrashes, struct{ from, to time.Time }{crashed, time.Now().Add(2 * time.Second)})
 	m.logf(t, "Postgres crash (task queued first: %v), restarted in %v", queued, time.Since(crashed).Round(time.Millisecond))
 	if t.k == kOpen {
 		m.reschedule(ctx, t)
