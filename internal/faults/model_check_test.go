@@ -313,6 +313,16 @@ func (m *model) lostByKill(mt *mtask, runs []modelRun) bool {
 		if r.inc == mt.inc && r.version == mt.version && strings.HasPrefix(r.worker, modelGroupWorker) {
 			return true
 		}
+		// A kill while the run was in its handler: the run was recorded (outside
+		// its transaction), its outcome died with the worker, and on the last
+		// attempt the reaper records it dead (seed 12023376130466414121).
+		if r.inc == mt.inc && r.version == mt.version {
+			for _, k := range m.kills {
+				if !k.Before(r.claimedAt) && k.Before(r.claimedAt.Add(modelSlow)) {
+					return true
+				}
+			}
+		}
 	}
 	return !cleanRuns(mt, runs)
 }
