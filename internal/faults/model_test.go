@@ -249,9 +249,19 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 		return err
 	}
 	defer pool.Close()
+	// A worker started while the model's Postgres restarts after a crash
+	// (opPostgresCrash) waits for it, with a bounded backoff (seed
+	// 7734070036421367694: a worker started then exited on a refused dial).
 	var seedText string
-	if err := pool.QueryRow(ctx, `SELECT seed::text FROM model_config`).Scan(&seedText); err != nil {
-		return fmt.Errorf("read the seed: %w", err)
+	giveUp := time.Now().Add(15 * time.Second)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		err := pool.QueryRow(ctx, `SELECT seed::text FROM model_config`).Scan(&seedText)
+		if err == nil {
+			break
+		}
+		if time.Now().After(giveUp) || !pause(ctx, wait) {
+			return fmt.Errorf("read the seed: %w", err)
+		}
 	}
 	seed, err := strconv.ParseUint(seedText, 10, 64)
 	if err != nil {
