@@ -3,9 +3,8 @@ package relay
 import (
 	"context"
 	"slices"
-	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/delayq/delayq/internal/pglisten"
 )
 
 // listenLoop holds a connection of its own (taken out of the pool) that LISTENs on
@@ -34,35 +33,14 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	}
 }
 
-// listen connects, LISTENs, calls up, and forwards notifications until the
-// connection fails or ctx ends. The connection comes from the pool and is taken
-// out of it (Hijack), so the pool's hooks apply to it as to every other: a
-// BeforeConnect that fetches a rotated password, an AfterConnect that sets up the
-// session.
+// listen connects, LISTENs, calls up, and forwards the notifications of the
+// relay's queues until the connection fails or ctx ends (pglisten.Listen).
 func (r *Relay) listen(ctx context.Context, up func()) error {
-	pc, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.NotifyChannel}.Sanitize()); err != nil {
-		return err
-	}
-	up()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if len(r.cfg.Queues) == 0 || slices.Contains(r.cfg.Queues, n.Payload) {
+	return pglisten.Listen(ctx, r.pool, r.cfg.NotifyChannel, up, func(queue string) {
+		if len(r.cfg.Queues) == 0 || slices.Contains(r.cfg.Queues, queue) {
 			r.notify()
 		}
-	}
+	})
 }
 
 // notify wakes the relay loop (a flag: several notifications make one wake-up).

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/delayq/delayq/internal/pglisten"
 )
 
 // ErrDeathWithoutHook is what a death recorded without its OnDead hook is:
@@ -266,28 +266,9 @@ func (s *sweeper) listen(ctx context.Context) {
 }
 
 func (s *sweeper) listenOnce(ctx context.Context, up func()) error {
-	pc, err := s.w.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	channel := s.w.store.Config().HookChannel()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return err
-	}
-	up()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if slices.Contains(s.names, n.Payload) {
+	return pglisten.Listen(ctx, s.w.pool, s.w.store.Config().HookChannel(), up, func(queue string) {
+		if slices.Contains(s.names, queue) {
 			s.poke()
 		}
-	}
+	})
 }
