@@ -448,7 +448,10 @@ func TestReaper(t *testing.T) {
 	rl := b.startDQ(t, dq, relay.Config{ReapInterval: 20 * time.Millisecond, QueueRefresh: 20 * time.Millisecond})
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 3})
 
-	cl, err := dq.Claim(ctxT(t), "q", 10, time.Millisecond)
+	// The lease outlasts the markDone below: the reaper must find "done"
+	// finished in Postgres, not settle it dead first (a 1 ms lease lost that
+	// race once in CI).
+	cl, err := dq.Claim(ctxT(t), "q", 10, time.Second)
 	if err != nil || len(cl.Tasks) != 3 {
 		t.Fatalf("Claim: %d tasks, %v", len(cl.Tasks), err)
 	}
