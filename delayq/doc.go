@@ -29,7 +29,7 @@
 //
 // # Life of a task
 //
-//	Enqueue ──▶ ready ──Claim──▶ active ──Complete──▶ done (hash kept for the retention)
+//	Enqueue ──▶ ready ──Claim──▶ active ──Complete──▶ done (hash deleted; kept for Config.DoneRetention if set)
 //	              ▲                │ Retry / Reap (runs left, with delay)
 //	              └────────────────┤ Release (shutdown, run not counted)
 //	                               └ Retry (no runs left), Kill ──▶ dead ──Enqueue (a higher version)──▶ ready

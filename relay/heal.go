@@ -171,7 +171,10 @@ func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) error {
 		}
 	}
 	if len(unmarked) > 0 {
-		h.lossDetected("no epoch mark when the term began (shards "+strings.Join(unmarked, ",")+")", unmarked, false)
+		// Usually a first start on this Redis, or a leader that died mid-pass:
+		// nothing says data was lost, so the line says what is done, not why.
+		h.lossDetected("checking every task of shards "+strings.Join(unmarked, ",")+
+			" against PostgreSQL (this Redis has no mark of a completed check: a first start, or an interrupted check)", unmarked, false)
 	}
 	for ctx.Err() == nil {
 		if err := h.runPass(ctx); err != nil {
@@ -266,7 +269,7 @@ func (h *healer) lossDetected(reason string, shards []string, loss bool) {
 		h.r.observe(context.Background(), RedisLossEvent{Reason: reason, Shards: shards})
 		h.r.cfg.Logger.Warn("relay: "+reason+"; repairing from PostgreSQL at once", "shards", shards)
 	} else {
-		h.r.cfg.Logger.Info("relay: "+reason+"; repairing from PostgreSQL at full speed", "shards", shards)
+		h.r.cfg.Logger.Info("relay: "+reason, "shards", shards)
 	}
 	h.r.heal.mu.Lock()
 	h.r.heal.repairing, h.r.heal.since = reason, time.Now()

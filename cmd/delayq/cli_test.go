@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -397,6 +398,47 @@ func TestBinary(t *testing.T) {
 			r.oneLineErr(t, c.has)
 			if strings.Contains(r.stderr, "secret") {
 				t.Errorf("%v: password on stderr: %q", c.args, r.stderr)
+			}
+		}
+	})
+
+	// The one line a user meets for each wrong set-up: what is wrong, in the
+	// server's words where it refused, and the fix where there is one.
+	t.Run("wrong set-up", func(t *testing.T) {
+		t.Parallel()
+		dbURL := testenv.PostgresURL(t)
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Path = "/delayq_no_such_database"
+		noDB := u.String()
+		redisURL := testenv.RedisURL(t)
+		for _, c := range []struct {
+			name string
+			env  map[string]string
+			args []string
+			code int
+			has  string
+			not  string
+		}{
+			{"missing database", map[string]string{"DATABASE_URL": noDB, "REDIS_URL": redisURL}, []string{"stats"}, exitFailure,
+				`refused the connection: database "delayq_no_such_database" does not exist (SQLSTATE 3D000) (create it`, "tls"},
+			{"missing table", map[string]string{"DATABASE_URL": testenv.EmptyPostgresURL(t), "REDIS_URL": redisURL},
+				[]string{"enqueue", "--queue", "q", "--id", "x"}, exitFailure, "(run the migrations: delayq migrate up)", ""},
+			{"another database's URL", map[string]string{"DATABASE_URL": "mysql://app@127.0.0.1/x", "REDIS_URL": redisURL},
+				[]string{"stats"}, exitUsage, `scheme "mysql", want postgres:// or postgresql://`, "xxxxx"},
+			{"nothing listening", map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1:1/db", "REDIS_URL": redisURL},
+				[]string{"stats"}, exitFailure, "unreachable: dial tcp 127.0.0.1:1: connect: connection refused", "dial error"},
+		} {
+			r := runBin(t, c.env, c.args...)
+			if r.code != c.code {
+				t.Errorf("%s: exit %d, want %d (stderr %q)", c.name, r.code, c.code, r.stderr)
+				continue
+			}
+			r.oneLineErr(t, c.has)
+			if c.not != "" && strings.Contains(r.stderr, c.not) {
+				t.Errorf("%s: stderr %q has %q", c.name, r.stderr, c.not)
 			}
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"io"
+	"net"
 	"net/url"
 	"regexp"
 	"sort"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -105,10 +107,40 @@ func (c *connFlags) openPostgres(ctx context.Context) (*pgxpool.Pool, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL %s unreachable: %w", redactURL(c.databaseURL), err)
+		return nil, connectError(redactURL(c.databaseURL), err)
 	}
 	return pool, nil
 }
+
+// connectError names why a connection failed in one line: the server's refusal
+// (a missing database or role, a wrong password) as the server said it, not as
+// "unreachable" behind the failed TLS attempt that pgx tried first; a failed dial
+// once, not once for each address and TLS mode pgx tried.
+func connectError(redactedURL string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		hint := ""
+		switch pgErr.Code {
+		case "3D000": // invalid_catalog_name
+			hint = " (create it, e.g. createdb, or fix the URL's database name)"
+		case "28000", "28P01": // invalid authorization, invalid password
+			hint = " (check the URL's user and password)"
+		}
+		return fmt.Errorf("PostgreSQL %s refused the connection: %s (SQLSTATE %s)%s%w",
+			redactedURL, pgErr.Message, pgErr.Code, hint, quiet{err})
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return fmt.Errorf("PostgreSQL %s unreachable: %s%w", redactedURL, opErr, quiet{err})
+	}
+	return fmt.Errorf("PostgreSQL %s unreachable: %w", redactedURL, err)
+}
+
+// quiet wraps an error for errors.Is and errors.As without adding to the message.
+type quiet struct{ err error }
+
+func (q quiet) Error() string { return "" }
+func (q quiet) Unwrap() error { return q.err }
 
 // openRedis connects and pings, with errors in one line and no password.
 func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error) {
@@ -255,6 +287,11 @@ func (c *connFlags) checkURLs() error {
 // parsePostgresURL parses a PostgreSQL URL or keyword/value string; its error is
 // a usage error that shows no password.
 func parsePostgresURL(s string) (*pgxpool.Config, error) {
+	// A URL of another database (mysql://…) is named as such, rather than by
+	// pgx's keyword/value parser, which it falls through to.
+	if scheme, _, ok := strings.Cut(s, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return nil, usagef("PostgreSQL URL %s: scheme %q, want postgres:// or postgresql://", redactURL(s), scheme)
+	}
 	cfg, err := pgxpool.ParseConfig(s)
 	if err != nil {
 		return nil, usagef("malformed PostgreSQL URL %s: %s", redactURL(s), parseError(err, s))

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -92,7 +93,7 @@ func commands() map[string]command {
 		"enqueue":    {"enqueue a task into the outbox from the command line", runEnqueue},
 		"cancel":     {"cancel a pending or queued task", runCancel},
 		"reschedule": {"move a pending or queued task to a new run time", runReschedule},
-		"queue":      {"pause, resume or list paused queues (no claims while paused)", runQueue},
+		"queue":      {"pause, resume, rate-limit or shard a queue; list the queues' controls", runQueue},
 		"schedules":  {"list periodic tasks (relay --schedules): their last and next ticks", runSchedules},
 	}
 }
@@ -135,9 +136,19 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", args[0], oneLine(err.Error()))
 		return exitUsage
 	default:
-		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", args[0], oneLine(err.Error()))
+		fmt.Fprintf(m.Stderr, "delayq %s: %s%s\n", args[0], oneLine(err.Error()), migrationHint(err))
 		return exitFailure
 	}
+}
+
+// migrationHint is the fix for an error that says one of the outbox's tables is
+// missing: the migrations have not run on this database (or schema).
+func migrationHint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "delayq_") { // undefined_table
+		return " (run the migrations: delayq migrate up)"
+	}
+	return ""
 }
 
 func (m *Main) usage(cmds map[string]command) {
