@@ -443,6 +443,14 @@ func TestOnDeadExactlyOnce(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM effects`); got != 0 {
 		t.Errorf("%d effects of failed runs", got)
 	}
+	// A run's counters follow its commit, which the count above may see first
+	// (a CI run saw 298 of 300, each worker one run in flight).
+	for s1, s2 := h1.w.Stats(), h2.w.Stats(); s1.InFlight+s2.InFlight > 0; s1, s2 = h1.w.Stats(), h2.w.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("runs still in flight after every task died: stats %+v %+v", s1, s2)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if s1, s2 := h1.w.Stats(), h2.w.Stats(); s1.Dead+s2.Dead != n || s1.DeadHookFailed+s2.DeadHookFailed == 0 {
 		t.Errorf("stats %+v %+v", s1, s2)
 	}
