@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/delayq/delayq/internal/queuectl"
@@ -202,43 +203,74 @@ func (m *model) opRedisLossRelayDown(ctx context.Context) {
 // allows (GCRA: Burst + Limit a period; each of a sharded queue's n shards takes
 // Limit/n a period with a burst of at least 1).
 func (m *model) checkControls(v *violations, runs map[key][]modelRun) {
-	claims := map[string][]time.Time{}
+	type claim struct {
+		at   time.Time
+		what string
+	}
+	// One claim may start its handler more than once: a batched transaction
+	// that a guard refused in part runs the others' handlers again, under the
+	// same claim (delayq/worker/group.go). The limits count claims.
+	claims := map[string][]claim{}
 	for k, rs := range runs {
+		seen := map[string]bool{}
 		for _, r := range rs {
-			claims[k.queue] = append(claims[k.queue], r.claimedAt)
+			what := fmt.Sprintf("%s v%d attempt %d by %s", k, r.version, r.attempt, r.worker)
+			if id := what + " " + r.claimedAt.String(); !seen[id] {
+				seen[id] = true
+				claims[k.queue] = append(claims[k.queue], claim{r.claimedAt, what})
+			}
 		}
 	}
 	for _, c := range claims {
-		slices.SortFunc(c, func(a, b time.Time) int { return a.Compare(b) })
+		slices.SortFunc(c, func(a, b claim) int { return a.at.Compare(b.at) })
 	}
 	shards := max(m.s.shards, 1)
 	for _, sp := range m.spans {
-		var in []time.Time
-		for _, at := range claims[sp.queue] {
-			if at.After(sp.from) && at.Before(sp.to) {
-				in = append(in, at)
+		var in []claim
+		for _, c := range claims[sp.queue] {
+			if c.at.After(sp.from) && c.at.Before(sp.to) {
+				in = append(in, c)
 			}
 		}
 		if sp.paused {
 			if len(in) > 0 {
-				v.add("controls", "%s paused %s..%s: %d claims in the pause, the first at %s",
-					sp.queue, stamp(sp.from), stamp(sp.to), len(in), stamp(in[0]))
+				v.add("controls", "%s paused %s..%s: %d claims in the pause, the first at %s (%s)%s",
+					sp.queue, stamp(sp.from), stamp(sp.to), len(in), stamp(in[0].at), in[0].what, m.opsBetween(sp.from, sp.to))
 			}
 			continue
 		}
 		allowed := max(sp.rate.Burst, shards) + sp.rate.Limit
 		for i := range in {
 			j := i
-			for j < len(in) && in[j].Sub(in[i]) < sp.rate.Period {
+			for j < len(in) && in[j].at.Sub(in[i].at) < sp.rate.Period {
 				j++
 			}
 			if j-i > allowed {
-				v.add("controls", "%s limited to %d per %v (burst %d) %s..%s: %d claims within %v of %s",
-					sp.queue, sp.rate.Limit, sp.rate.Period, sp.rate.Burst, stamp(sp.from), stamp(sp.to), j-i, sp.rate.Period, stamp(in[i]))
+				lines := make([]string, 0, j-i)
+				for _, c := range in[i:j] {
+					lines = append(lines, stamp(c.at)+" "+c.what)
+				}
+				v.add("controls", "%s limited to %d per %v (burst %d) %s..%s: %d claims within %v of %s:\n      %s%s",
+					sp.queue, sp.rate.Limit, sp.rate.Period, sp.rate.Burst, stamp(sp.from), stamp(sp.to), j-i, sp.rate.Period, stamp(in[i].at),
+					strings.Join(lines, "\n      "), m.opsBetween(sp.from, sp.to))
 				break
 			}
 		}
 	}
+}
+
+// opsBetween lists the logged operations from a second before from to to (the
+// Redis clock and the model's are this machine's), for a violation's context.
+func (m *model) opsBetween(from, to time.Time) string {
+	lo, hi := from.Add(-time.Second).Sub(m.start).Seconds(), to.Sub(m.start).Seconds()
+	var b strings.Builder
+	for _, line := range m.oplog {
+		var at float64
+		if _, err := fmt.Sscanf(line, "%fs", &at); err == nil && at >= lo && at <= hi {
+			b.WriteString("\n      op " + line)
+		}
+	}
+	return b.String()
 }
 
 // opPostgresCrash commits a task due within the horizon, waits for the relay to
