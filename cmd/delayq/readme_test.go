@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -202,5 +204,62 @@ func TestTaskEnvironWithoutURLs(t *testing.T) {
 	env := strings.Join(taskEnviron(), "\n")
 	if strings.Contains(env, "hunter2") || !strings.Contains(env, "DELAYQ_KEEP_ME=yes") {
 		t.Fatalf("task environment:\n%s", env)
+	}
+}
+
+// TestREADMEInstall runs the README's install lines against this checkout: the
+// module path of `go get` is this module's, and the package of `go install` builds
+// into a GOBIN of its own and runs. (The @version is the one thing not tried: no
+// network is needed, and the checkout is what a release would tag.)
+func TestREADMEInstall(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod, err := exec.Command("go", "list", "-m", "-f", "{{.Path}}").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	module := strings.TrimSpace(string(mod))
+	var got, installed bool
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) != 3 || fields[0] != "go" {
+			continue
+		}
+		path, version, ok := strings.Cut(fields[2], "@")
+		if !ok || version == "" {
+			t.Errorf("README: %q: no @version", line)
+			continue
+		}
+		switch fields[1] {
+		case "get":
+			got = true
+			if path != module {
+				t.Errorf("README: %q: module %s, want %s", line, path, module)
+			}
+		case "install":
+			installed = true
+			rel, ok := strings.CutPrefix(path, module+"/")
+			if !ok {
+				t.Errorf("README: %q: %s is not a package of %s", line, path, module)
+				continue
+			}
+			bin := t.TempDir()
+			cmd := exec.Command("go", "install", "./"+rel)
+			cmd.Dir = "../.."
+			cmd.Env = append(os.Environ(), "GOBIN="+bin)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s (as go install ./%s): %v\n%s", line, rel, err, out)
+			}
+			out, err := exec.Command(filepath.Join(bin, filepath.Base(rel)), "version").CombinedOutput()
+			if err != nil || !strings.HasPrefix(string(out), "delayq ") {
+				t.Errorf("the installed binary's version: %q, %v", out, err)
+			}
+		}
+	}
+	if !got || !installed {
+		t.Errorf("README: go get line %v, go install line %v: want both", got, installed)
 	}
 }
