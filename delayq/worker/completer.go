@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 )
 
 // Finished runs are settled in batches, in two stages that overlap:
@@ -53,12 +53,12 @@ func batches[T any](in <-chan T, settle func([]T)) {
 func (w *Worker) recordBatch(batch []*run) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
-	done := make([]taskstate.Completion, len(batch))
+	cs := make([]transition.Completion, len(batch))
 	for i, r := range batch {
-		done[i] = taskstate.Completion{Key: r.key(), ClearPayload: r.q.cfg.ClearPayload}
+		cs[i] = transition.Completion{Claim: r.lease(), ClearPayload: r.q.cfg.ClearPayload}
 	}
 	// One statement is its own transaction: one round trip.
-	applied, err := w.store.MarkDoneMany(ctx, w.pool, done)
+	done, err := w.ops.MarkDoneMany(ctx, w.pool, cs)
 	acks := make([]ackItem, 0, len(batch))
 	for i, r := range batch {
 		switch {
@@ -66,7 +66,7 @@ func (w *Worker) recordBatch(batch []*run) {
 			w.settleAside(r, func(ctx context.Context) outcome {
 				return r.fail(ctx, fmt.Errorf("record completion: %w", err))
 			})
-		case !applied[i]:
+		case !done[i].OK():
 			w.settleAside(r, func(ctx context.Context) outcome {
 				o, err := r.refusedByState(ctx)
 				if err != nil {
@@ -76,7 +76,7 @@ func (w *Worker) recordBatch(batch []*run) {
 			})
 		default:
 			w.stats.succeeded.Add(1)
-			acks = append(acks, ackItem{r: r})
+			acks = append(acks, ackItem{r: r, d: done[i]})
 		}
 	}
 	if len(acks) > 0 {
@@ -103,17 +103,18 @@ func (r *run) handOffPlain() outcome {
 
 // handOff hands a run whose completion committed to the acknowledger, which acks
 // Redis and ends the run (outPending).
-func (r *run) handOff() outcome {
+func (r *run) handOff(d transition.Done) outcome {
 	r.w.stats.succeeded.Add(1)
-	r.w.acks <- []ackItem{{r: r}}
+	r.w.acks <- []ackItem{{r: r, d: d}}
 	return outPending
 }
 
-// ackItem is one successful run waiting for its Redis acknowledgement. With done
-// nil the run was handed off: the acknowledger ends it; else the run waits for
-// the ack's result on done.
+// ackItem is one successful run waiting for its Redis acknowledgement, d its
+// committed completion. With done nil the run was handed off: the acknowledger
+// ends it; else the run waits for the ack's result on done.
 type ackItem struct {
 	r    *run
+	d    transition.Done
 	done chan error
 }
 
@@ -136,13 +137,13 @@ func (w *Worker) ackBatch(batches [][]ackItem) {
 		}
 		byQueue[a.r.t.Queue] = append(byQueue[a.r.t.Queue], a)
 	}
-	leases := make([]delayq.Lease, 0, len(batch))
-	for q, items := range byQueue {
-		leases = leases[:0]
+	ds := make([]transition.Done, 0, len(batch))
+	for _, items := range byQueue {
+		ds = ds[:0]
 		for _, a := range items {
-			leases = append(leases, delayq.Lease{ID: a.r.t.ID, Token: a.r.ct.Token})
+			ds = append(ds, a.d)
 		}
-		done, err := w.dq.CompleteMany(ctx, q, leases)
+		done, err := w.ops.AckDone(ctx, ds)
 		for i, a := range items {
 			switch {
 			case err != nil:
@@ -172,8 +173,8 @@ func leaseLost(t *Task) error {
 
 // acknowledge completes the run's task in Redis through the batch and waits for
 // the result.
-func (r *run) acknowledge() error {
-	a := ackItem{r: r, done: make(chan error, 1)}
+func (r *run) acknowledge(d transition.Done) error {
+	a := ackItem{r: r, d: d, done: make(chan error, 1)}
 	r.w.acks <- []ackItem{a} // the acknowledger takes it within OpTimeout
 	return <-a.done          // answered within OpTimeout
 }

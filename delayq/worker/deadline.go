@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -46,16 +45,13 @@ func (r *run) missDeadline(ctx context.Context) outcome {
 		hook = q.cfg.OnDead
 	}
 	var (
-		applied bool
-		err     error
+		res transition.Outcome
+		err error
 	)
 	if hook == nil {
-		applied, err = w.store.MissDeadline(ctx, w.pool, r.key(), msg)
+		res, err = w.ops.MissDeadline(ctx, w.pool, r.claim(), msg)
 	} else {
-		record := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-			return w.store.MissDeadline(ctx, tx, r.key(), msg)
-		}
-		applied, err = r.deathTx(ctx, record, hook, cause)
+		res, err = w.ops.MissDeadlineTx(ctx, w.pool, r.claim(), msg, r.hook(hook, cause))
 	}
 	switch {
 	case err != nil && hook != nil:
@@ -68,12 +64,12 @@ func (r *run) missDeadline(ctx context.Context) outcome {
 		w.log.Error("worker: recording a missed deadline in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
 		r.hbOff()
 		return outError
-	case !applied:
+	case !res.Applied:
 		return r.refusedNow(ctx)
 	}
 	w.log.Info("worker: task missed its start deadline; dead, not run", "queue", t.Queue, "id", t.ID,
 		"start_by", r.ct.StartBy, "claimed_at", t.ClaimedAt)
 	w.stats.missedDeadline.Add(1)
-	r.killed(ctx, msg)
+	r.killed(res.RedisErr)
 	return outMissedDeadline
 }

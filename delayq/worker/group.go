@@ -11,10 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 )
 
 // Group commit (QueueConfig.GroupCommit): the runs of a queue go to a channel that
@@ -111,10 +109,11 @@ func (g *groups) loop() {
 // member is one run of a group, and how its part in the transaction ended.
 type member struct {
 	r       *run
-	skipped bool  // not run: its context ended first (lease lost, shutdown)
-	wrote   bool  // its handler sent statements, in its savepoint
-	refused bool  // its guard matched no row, or its task is in the group already: settled by the row's state
-	err     error // its handler failed; rolled back to its savepoint
+	skipped bool            // not run: its context ended first (lease lost, shutdown)
+	wrote   bool            // its handler sent statements, in its savepoint
+	refused bool            // its guard matched no row, or its task is in the group already: settled by the row's state
+	err     error           // its handler failed; rolled back to its savepoint
+	d       transition.Done // its completion, once committed
 }
 
 // pending tells whether the run's completion is still to commit.
@@ -247,52 +246,38 @@ func (g *groups) end(c *pgx.Conn, ms []member) error {
 	for {
 		var (
 			idx   []int
-			done  []taskstate.Completion
+			cs    []transition.Completion
 			wrote []bool
 		)
 		for i := range ms {
 			if m := &ms[i]; m.pending() {
 				idx = append(idx, i)
-				done = append(done, taskstate.Completion{Key: m.r.key(), ClearPayload: g.q.cfg.ClearPayload})
+				cs = append(cs, transition.Completion{Claim: m.r.lease(), ClearPayload: g.q.cfg.ClearPayload})
 				wrote = append(wrote, m.wrote)
 			}
 		}
-		inTx := c.PgConn().TxStatus() != 'I'
 		if len(idx) == 0 {
-			if inTx { // every run that wrote failed: nothing to commit
+			if c.PgConn().TxStatus() != 'I' { // every run that wrote failed: nothing to commit
 				if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
 					return fmt.Errorf("roll back: %w", err)
 				}
 			}
 			return nil
 		}
-		applied := make([]bool, len(idx))
-		b := &pgx.Batch{}
-		if err := w.store.QueueGuardGroup(b, done, wrote, applied); err != nil {
-			return fmt.Errorf("record completion: %w", err)
-		}
-		var tag pgconn.CommandTag
-		if inTx {
-			b.Queue("COMMIT").Exec(func(t pgconn.CommandTag) error {
-				tag = t
-				return nil
-			})
-		}
-		err := c.SendBatch(ctx, b).Close()
+		done, err := w.ops.CommitGroup(ctx, c, cs, wrote)
 		switch {
-		case err != nil && taskstate.RefusedByGuard(err) && inTx && !c.IsClosed():
+		case errors.Is(err, transition.ErrRefused):
 			// Nothing committed: the COMMIT was skipped.
 			if err := g.dropRefused(ctx, c, ms, idx); err != nil {
 				return err
 			}
 			continue
 		case err != nil:
-			return fmt.Errorf("record completion: %w", err)
-		case inTx && tag.String() != "COMMIT": // Postgres answers ROLLBACK to a COMMIT it refused
-			return fmt.Errorf("commit: Postgres answered %s", tag)
+			return err
 		}
 		for k, i := range idx {
-			ms[i].refused = !applied[k]
+			ms[i].d = done[k]
+			ms[i].refused = !done[k].OK()
 		}
 		return nil
 	}
@@ -382,7 +367,7 @@ func (g *groups) settle(ms []member, broken error) {
 // with one call.
 func (g *groups) ack(ctx context.Context, ms []member, idx []int) {
 	w := g.w
-	leases := make([]delayq.Lease, 0, len(idx))
+	ds := make([]transition.Done, 0, len(idx))
 	runs := make([]*run, 0, len(idx))
 	for _, i := range idx {
 		r := ms[i].r
@@ -392,17 +377,17 @@ func (g *groups) ack(ctx context.Context, ms []member, idx []int) {
 				continue
 			}
 		}
-		leases = append(leases, delayq.Lease{ID: r.t.ID, Token: r.ct.Token})
+		ds = append(ds, ms[i].d)
 		runs = append(runs, r)
 	}
-	if len(leases) == 0 {
+	if len(ds) == 0 {
 		return
 	}
-	done, err := w.dq.CompleteMany(ctx, g.q.name, leases)
+	done, err := w.ops.AckDone(ctx, ds)
 	if err != nil {
 		// Done in Postgres: redeliveries after the leases are suppressed by the guard.
 		w.log.Warn("worker: ack failed after commit; the tasks will be suppressed when redelivered",
-			"queue", g.q.name, "tasks", len(leases), "err", err)
+			"queue", g.q.name, "tasks", len(ds), "err", err)
 		return
 	}
 	for i, r := range runs {

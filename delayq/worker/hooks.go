@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -127,17 +128,16 @@ func (r *run) key() taskstate.Key {
 // run time in Postgres first, then Redis.
 func (r *run) snooze(ctx context.Context, d time.Duration, why string) outcome {
 	w, t := r.w, r.t
-	applied, err := w.store.Snooze(ctx, w.pool, r.key(), d)
-	switch {
-	case err != nil:
+	res, err := w.ops.Snooze(ctx, w.pool, r.claim(), d)
+	if res.PostgresErr != nil {
 		// Postgres keeps the older run time: only a Redis rebuilt from it would
 		// run the task sooner.
-		w.log.Warn("worker: recording a snooze in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
-	case !applied:
+		w.log.Warn("worker: recording a snooze in the outbox failed", "queue", t.Queue, "id", t.ID, "err", res.PostgresErr)
+	}
+	if !res.Applied {
 		return r.refusedNow(ctx)
 	}
-	r.hbOff()
-	if err := r.leaseErr(w.dq.ReleaseAfter(ctx, t.Queue, t.ID, r.ct.Token, d)); err != nil {
+	if err := r.leaseErr(err); err != nil {
 		if !errors.Is(err, delayq.ErrLeaseLost) {
 			w.log.Warn("worker: giving the task back failed; it runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
 			return outError
@@ -153,17 +153,16 @@ func (r *run) snooze(ctx context.Context, d time.Duration, why string) outcome {
 func (r *run) cancel(ctx context.Context, reason error) outcome {
 	w, t := r.w, r.t
 	msg := validate.ErrorSummary(reason.Error())
-	applied, err := w.store.CancelRun(ctx, w.pool, r.key(), t.Attempt, msg)
+	res, err := w.ops.CancelRun(ctx, w.pool, r.claim(), t.Attempt, msg)
 	switch {
 	case err != nil:
 		w.log.Error("worker: recording a cancellation in the outbox failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
 		r.hbOff()
 		return outError
-	case !applied:
+	case !res.Applied:
 		return r.refusedNow(ctx)
 	}
-	r.hbOff()
-	if err := r.leaseErr(w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(res.RedisErr); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
 		// Cancelled in Postgres: a redelivery is suppressed by the guard.
 		w.log.Warn("worker: ack of a cancelled run failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}
@@ -188,55 +187,33 @@ func (r *run) refusedNow(ctx context.Context) outcome {
 // is given back, uncounted, to fail again after the backoff.
 func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome {
 	w, q, t := r.w, r.q, r.t
-	record := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		return w.store.RecordFailure(ctx, tx, taskstate.Failure{Key: r.key(), Attempt: t.Attempt, Err: msg, Dead: true})
-	}
-	applied, err := r.deathTx(ctx, record, q.cfg.OnDead, cause)
+	res, err := w.ops.KillTx(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg}, r.hook(q.cfg.OnDead, cause))
 	switch {
 	case err != nil:
 		w.log.Error("worker: the dead hook failed; the death is rolled back and the task runs again",
 			"queue", t.Queue, "id", t.ID, "attempt", t.Attempt, "err", err)
 		w.stats.deadHookFailed.Add(1)
 		return r.snooze(ctx, q.cfg.Backoff.Delay(t.Attempt), "dead hook failed")
-	case !applied:
+	case !res.Applied:
 		return r.refusedNow(ctx)
 	}
-	return r.killed(ctx, msg)
+	return r.killed(res.RedisErr)
 }
 
-// deathTx is the transaction of a death with a hook: record (the death: fail-dead
-// or miss-deadline), then the hook. It returns whether the death committed;
-// false without an error: the row was finished or changed already.
-func (r *run) deathTx(ctx context.Context, record func(context.Context, pgx.Tx) (bool, error), hook DeadHook, cause error) (bool, error) {
-	w, t := r.w, r.t
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
+// hook is a death's hook for the transition: the queue's hook, through the
+// worker's Recover.
+func (r *run) hook(h DeadHook, cause error) transition.Hook {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		call := func(ctx context.Context) error { return h(ctx, tx, r.t, cause) }
+		return Recover(r.w.log)(ctx, r.t, call)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	applied, err := record(ctx, tx)
-	if err != nil || !applied {
-		return false, err
-	}
-	call := func(ctx context.Context) error { return hook(ctx, tx, t, cause) }
-	if err := Recover(w.log)(ctx, t, call); err != nil {
-		return false, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// The commit may have happened all the same: the row says.
-		st, rerr := w.store.Row(ctx, w.pool, t.Queue, t.ID)
-		if rerr != nil || st.State != taskstate.Dead || st.Version != t.Version {
-			return false, fmt.Errorf("commit: %w", err)
-		}
-	}
-	return true, nil
 }
 
-// killed mirrors a death Postgres committed into Redis.
-func (r *run) killed(ctx context.Context, msg string) outcome {
+// killed counts a death Postgres committed, whose Redis write ended with err.
+func (r *run) killed(err error) outcome {
 	w, t := r.w, r.t
 	r.hbOff()
-	if err := r.leaseErr(w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, msg)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
 		// Postgres says dead; reconcile makes Redis agree (Postgres wins).
 		w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}

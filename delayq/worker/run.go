@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -194,48 +194,38 @@ func (r *run) call(ctx context.Context, h Next) error {
 // returns an error when nothing may have been committed.
 // (Plain runs go through the batch recorder: handOffPlain.)
 func (r *run) complete(ctx context.Context, conn *pgxpool.Conn, tx *handlerTx) (outcome, error) {
-	w, t := r.w, r.t
 	if !tx.begun() {
 		return r.completeAlone(ctx, conn)
 	}
-	b := &pgx.Batch{}
-	b.Queue(w.store.SQL.GuardAbort, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
-	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, b)
-	_, guardErr := br.Exec()
-	_, commitErr := br.Exec()
-	closeErr := br.Close()
-	if guardErr != nil {
+	d, open, err := r.w.ops.CommitDone(ctx, conn, r.lease(), r.q.cfg.ClearPayload)
+	if open {
 		tx.end(ctx)
-		conn.Release()
-		if !taskstate.RefusedByGuard(guardErr) {
-			return "", fmt.Errorf("record completion: %w", guardErr)
-		}
-		return r.refusedByState(ctx)
 	}
 	// A COMMIT that failed ended the transaction too; the pool closes a
 	// connection left in any other state.
 	conn.Release()
-	if err := cmp.Or(commitErr, closeErr); err != nil {
-		return "", fmt.Errorf("commit: %w", err)
+	switch {
+	case errors.Is(err, transition.ErrRefused):
+		return r.refusedByState(ctx)
+	case err != nil:
+		return "", err
 	}
-	return r.handOff(), nil
+	return r.handOff(d), nil
 }
 
 // completeAlone records a successful run whose handler wrote nothing: the guard
 // commits on its own, as a plain UPDATE (nothing is queued behind it that its
 // failure would have to abort). It releases conn.
 func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, error) {
-	w, t := r.w, r.t
-	tag, err := conn.Exec(ctx, w.store.SQL.Guard, t.Queue, t.ID, t.Version, r.q.cfg.ClearPayload)
+	d, err := r.w.ops.MarkDone(ctx, conn, r.lease(), r.q.cfg.ClearPayload)
 	conn.Release()
 	if err != nil {
 		return "", fmt.Errorf("record completion: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if !d.OK() {
 		return r.refusedByState(ctx)
 	}
-	return r.handOff(), nil
+	return r.handOff(d), nil
 }
 
 // refusedByState settles a run whose guard matched no row, by the row's state now.
@@ -249,9 +239,9 @@ func (r *run) refusedByState(ctx context.Context) (outcome, error) {
 
 // succeeded counts a run whose completion committed and acks Redis, waiting for
 // the ack (the hot paths hand the run off instead: handOff).
-func (r *run) succeeded(ctx context.Context) outcome {
+func (r *run) succeeded(ctx context.Context, d transition.Done) outcome {
 	r.w.stats.succeeded.Add(1)
-	r.ackFailed(r.ack(ctx))
+	r.ackFailed(r.ack(ctx, d))
 	return outSucceeded
 }
 
@@ -267,11 +257,11 @@ func (r *run) ackFailed(err error) {
 
 // ack tells Redis the task is done, through the acknowledger (which stops the
 // heartbeats and runs the beforeAck hook first).
-func (r *run) ack(ctx context.Context) error {
+func (r *run) ack(ctx context.Context, d transition.Done) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("complete: %w", ctx.Err())
 	}
-	return r.acknowledge()
+	return r.acknowledge(d)
 }
 
 // leaseErr counts a lost lease (once per run) and passes err on.
@@ -296,7 +286,8 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	case !st.Exists && r.q.plain != nil:
 		// A task enqueued into Redis directly (delayq.Client.Enqueue), without
 		// the outbox: a plain handler runs it, and Redis alone records that.
-		return r.succeeded(ctx)
+		d, _ := transition.DoneWithoutRow(r.lease(), st)
+		return r.succeeded(ctx, d)
 	case !st.Exists:
 		// No outbox row: a transactional handler's guard has nothing to commit
 		// with, so its effect is rolled back.
@@ -317,7 +308,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 		w.log.Warn("worker: outbox row changed under the completion; giving the task back",
 			"queue", t.Queue, "id", t.ID, "version", t.Version, "state", st.State)
 		r.hbOff()
-		if _, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, r.q.cfg.Backoff.Delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
+		if err := w.ops.GiveBack(ctx, r.claim(), r.q.cfg.Backoff.Delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
 			!errors.Is(err, delayq.ErrLeaseLost) {
 			w.log.Warn("worker: giving back the task failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
@@ -326,13 +317,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	// Redis follows Postgres: this copy is acknowledged (dead if Postgres says so).
 	w.stats.suppressed.Add(1)
 	r.hbOff()
-	var err error
-	if st.Exists && st.State == taskstate.Dead && st.Version == t.Version {
-		err = w.dq.Kill(ctx, t.Queue, t.ID, r.ct.Token, st.LastError)
-	} else {
-		err = w.dq.Complete(ctx, t.Queue, t.ID, r.ct.Token)
-	}
-	if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(w.ops.Suppress(ctx, r.claim(), st)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
 		w.log.Warn("worker: ack of a suppressed run failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}
 	w.log.Info("worker: run suppressed, its effect rolled back", "queue", t.Queue, "id", t.ID,
@@ -377,28 +362,28 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 		return r.dieWithHook(ctx, msg, err)
 	}
 
-	key := r.key()
-	applied, perr := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{
-		Key: key, Attempt: t.Attempt, Err: msg, Dead: dead, Delay: delay,
-	})
-	switch {
-	case perr != nil:
-		w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", perr)
-		if dead {
+	if dead {
+		res, err := w.ops.Kill(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg})
+		switch {
+		case err != nil:
 			// Dead goes to Postgres first: leave the lease to expire; the reaper
 			// then declares the task dead and mirrors it into Postgres.
+			w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
 			r.hbOff()
 			return outError
+		case !res.Applied:
+			return r.refusedNow(ctx) // finished elsewhere, or stale
 		}
-	case !applied:
+		return r.killed(res.RedisErr)
+	}
+	hook := r.q.cfg.OnDead != nil
+	res, err := w.ops.Retry(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg}, delay, hook)
+	if res.PostgresErr != nil {
+		w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", res.PostgresErr)
+	}
+	if !res.Applied {
 		return r.refusedNow(ctx) // finished elsewhere, or stale
 	}
-
-	if dead {
-		return r.killed(ctx, msg)
-	}
-	r.hbOff()
-	redisDead, err := w.dq.Retry(ctx, t.Queue, t.ID, r.ct.Token, delay, msg)
 	if err := r.leaseErr(err); err != nil {
 		if !errors.Is(err, delayq.ErrLeaseLost) {
 			w.log.Error("worker: retry in Redis failed; the lease will expire", "queue", t.Queue, "id", t.ID, "err", err)
@@ -406,13 +391,11 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 		}
 		return outLeaseLost
 	}
-	if redisDead {
+	if res.Dead {
 		// Redis counted the attempts out (the task's limit changed under us):
-		// mirror it into Postgres. The death is in Redis already, so a hook that
-		// failed could not roll it back: the row is marked for the sweep instead.
-		hook := r.q.cfg.OnDead != nil
-		if _, err := w.store.RecordFailure(ctx, w.pool, taskstate.Failure{Key: key, Attempt: t.Attempt, Err: msg, Dead: true, HookPending: hook}); err != nil {
-			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)
+		// the death was mirrored into Postgres, marked for the sweep's hook.
+		if res.DeadErr != nil {
+			w.log.Error("worker: recording dead in the outbox failed", "queue", t.Queue, "id", t.ID, "err", res.DeadErr)
 		} else if hook {
 			w.wakeSweep()
 		}
@@ -428,7 +411,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 func (r *run) release(ctx context.Context) outcome {
 	w, t := r.w, r.t
 	r.hbOff()
-	if err := r.leaseErr(w.dq.Release(ctx, t.Queue, t.ID, r.ct.Token)); err != nil {
+	if err := r.leaseErr(w.ops.Release(ctx, r.claim())); err != nil {
 		if !errors.Is(err, delayq.ErrLeaseLost) {
 			w.log.Warn("worker: release failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
 			return outError
@@ -437,6 +420,18 @@ func (r *run) release(ctx context.Context) outcome {
 	}
 	w.stats.released.Add(1)
 	return outReleased
+}
+
+// claim is the run's claim, for the transitions: its heartbeats stop before
+// the Redis write.
+func (r *run) claim() transition.Claim {
+	return transition.Claim{Key: r.key(), Token: r.ct.Token, BeforeRedis: r.hbOff}
+}
+
+// lease is the run's claim for a completion: the acknowledger stops the
+// heartbeats itself, and the hot path makes no closure.
+func (r *run) lease() transition.Claim {
+	return transition.Claim{Key: r.key(), Token: r.ct.Token}
 }
 
 // hbOff stops the heartbeats of the run's lease (idempotent).

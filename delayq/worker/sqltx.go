@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -77,19 +78,14 @@ func (r *run) runSQL(ctx context.Context) (*sql.Tx, error) {
 // the handler's writes and the completion commit together or not at all. It
 // returns an error when nothing may have been committed.
 func (r *run) completeSQL(ctx context.Context, tx *sql.Tx) (outcome, error) {
-	applied, err := r.w.store.MarkDoneSQL(ctx, tx, r.key(), r.q.cfg.ClearPayload)
+	d, err := r.w.ops.CommitDoneSQL(ctx, tx, r.lease(), r.q.cfg.ClearPayload)
 	switch {
-	case errors.Is(err, sql.ErrTxDone):
+	case errors.Is(err, transition.ErrTxEnded):
 		return "", NoRetry(fmt.Errorf("%w: the handler ended its transaction; its writes may have committed without the completion", ErrTxOwned))
-	case err != nil:
-		_ = tx.Rollback()
-		return "", fmt.Errorf("record completion: %w", err)
-	case !applied:
-		_ = tx.Rollback()
+	case errors.Is(err, transition.ErrRefused):
 		return r.refusedByState(ctx)
+	case err != nil:
+		return "", err
 	}
-	if err := tx.Commit(); err != nil {
-		return "", fmt.Errorf("commit: %w", err)
-	}
-	return r.handOff(), nil
+	return r.handOff(d), nil
 }

@@ -181,7 +181,7 @@ func (s *sweeper) one(ctx context.Context) (took bool, err error) {
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(octx)) }()
-	row, ok, err := w.store.TakeDeadHook(octx, tx, s.names)
+	row, ok, err := w.ops.TakeDeadHook(octx, tx, s.names)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -208,7 +208,7 @@ func (s *sweeper) one(ctx context.Context) (took bool, err error) {
 		if _, err := tx.Exec(octx, "ROLLBACK TO SAVEPOINT "+hookSavepoint); err != nil {
 			return false, fmt.Errorf("roll back the dead hook of %s/%s: %w", t.Queue, t.ID, err)
 		}
-		if err := w.store.DelayDeadHook(octx, tx, row.Key, delay); err != nil {
+		if err := w.ops.DelayDeadHook(octx, tx, row.Key, delay); err != nil {
 			return false, err
 		}
 		if err := tx.Commit(octx); err != nil {

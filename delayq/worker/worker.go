@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -73,7 +74,8 @@ type Worker struct {
 	cfg  Config
 	log  *slog.Logger
 
-	store *taskstate.Store // the outbox's transitions
+	store *taskstate.Store // the outbox's statements, for reads and the dead-hook sweep
+	ops   *transition.Ops  // the transitions of a run
 
 	stats counters
 	obs   Observer      // Config.Observer and the Prometheus observer; never nil
@@ -165,12 +167,13 @@ func New(pool DB, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, er
 	if obs == nil {
 		obs = nopObserver{}
 	}
+	store := taskstate.New(taskstate.Config{
+		Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel,
+		NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
+	})
 	return &Worker{
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
-		store: taskstate.New(taskstate.Config{
-			Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel,
-			NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
-		}),
+		store: store, ops: transition.New(store, dq),
 		obs:    obs,
 		prom:   promO,
 		queues: make(map[string]*queue),
