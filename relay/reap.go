@@ -2,12 +2,11 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/taskstate"
-	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/internal/transition"
 )
 
 // reapLoop takes back expired leases every ReapInterval, queue by queue, and
@@ -36,7 +35,7 @@ func (r *Relay) reapOnce(ctx context.Context) {
 	defer cancel()
 	for _, q := range r.queues(opCtx) {
 		for ctx.Err() == nil {
-			res, err := r.dq.Reap(opCtx, q, r.cfg.ReapBatch)
+			res, err := r.ops.Reap(opCtx, q, r.cfg.ReapBatch)
 			if err != nil {
 				r.redisErr(errReap, "reap "+q, err) //nolint:errcheck // counted and logged
 				break
@@ -54,79 +53,26 @@ func (r *Relay) reapOnce(ctx context.Context) {
 }
 
 // settleExhausted settles tasks whose last lease expired with no attempt left:
-// Postgres first (dead, guarded by the version Redis holds, so a row that finished
-// or was rescheduled meanwhile is left alone), then Redis follows what Postgres now
-// says: dead there too, or removed when the row finished otherwise, is gone, or is
-// at another version. Each Redis write is a compare-and-set on the task as probed.
+// dead in Postgres first, then in Redis (transition.SettleExhausted).
 func (r *Relay) settleExhausted(ctx context.Context, queue string, ids []string) {
-	infos, err := r.dq.Inspect(ctx, queue, ids...)
+	res, err := r.ops.SettleExhausted(ctx, r.pool, queue, ids)
+	if res.Tasks > 0 {
+		r.pg.ok() // MarkDead went through
+	}
 	if err != nil {
-		r.redisErr(errReap, "inspect exhausted "+queue, err) //nolint:errcheck // reported again after the hold
+		// A task not settled is reported again after the hold.
+		var se *transition.StepError
+		if errors.As(err, &se) && se.Redis {
+			r.redisErr(errReap, se.Step, se.Err) //nolint:errcheck // counted and logged
+		} else if errors.As(err, &se) {
+			r.pgErr(errReap, se.Step, se.Err) //nolint:errcheck // counted and logged
+		}
 		return
 	}
-	var (
-		qs, tids, errs     []string
-		versions, attempts []int32
-	)
-	for _, ti := range infos {
-		if ti.State != delayq.StateActive {
-			continue // changed since the reap: not ours to settle
-		}
-		msg := ti.LastError
-		if msg == "" {
-			msg = delayq.LeaseExpiredError
-		}
-		qs, tids = append(qs, queue), append(tids, ti.ID)
-		versions = append(versions, int32(ti.Version))
-		attempts = append(attempts, int32(ti.Attempt))
-		errs = append(errs, validate.ErrorSummary(msg))
-	}
-	if len(tids) == 0 {
+	if res.Tasks == 0 {
 		return
 	}
-	tag, err := r.pool.Exec(ctx, r.sql.MarkDead, qs, tids, versions, attempts, errs)
-	if err != nil {
-		r.pgErr(errReap, "mark exhausted tasks dead", err) //nolint:errcheck // reported again after the hold
-		return
-	}
-	r.pg.ok()
-	rows, err := r.store.Rows(ctx, r.pool, queue, tids)
-	if err != nil {
-		r.pgErr(errReap, "read exhausted tasks", err) //nolint:errcheck // reported again after the hold
-		return
-	}
-	_, probes, err := r.dq.Probe(ctx, queue, tids...)
-	if err != nil {
-		r.redisErr(errReap, "probe exhausted "+queue, err) //nolint:errcheck // reported again after the hold
-		return
-	}
-	var repairs []delayq.Repair
-	killed, removed := 0, 0
-	for i, p := range probes {
-		if p.State != delayq.StateActive || p.Version != int(versions[i]) {
-			continue
-		}
-		row := rows[p.ID]
-		switch {
-		case row.Exists && row.State == taskstate.Dead && row.Version == p.Version:
-			repairs = append(repairs, delayq.Repair{Op: delayq.RepairKill, ID: p.ID, Fingerprint: p.Fingerprint, Error: row.LastError})
-			killed++
-		case row.Exists && row.State.Live() && row.Version == p.Version:
-			// MarkDead did not see it (changed in between): the next reap decides.
-		default:
-			// Done, cancelled, purged, or another version: nothing of this copy
-			// may run or stay.
-			repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: p.ID, Fingerprint: p.Fingerprint})
-			removed++
-		}
-	}
-	if len(repairs) > 0 {
-		if _, err := r.dq.RepairIf(ctx, queue, repairs...); err != nil {
-			r.redisErr(errReap, "settle exhausted "+queue, err) //nolint:errcheck // reported again after the hold
-			return
-		}
-	}
-	r.observe(ctx, ReapEvent{Queue: queue, Dead: killed, Finished: removed})
+	r.observe(ctx, ReapEvent{Queue: queue, Dead: res.Killed, Finished: res.Removed})
 	r.cfg.Logger.Info("relay: reaper settled tasks whose last lease expired",
-		"queue", queue, "tasks", len(tids), "dead_rows", tag.RowsAffected(), "dead", killed, "removed_finished", removed)
+		"queue", queue, "tasks", res.Tasks, "dead_rows", res.DeadRows, "dead", res.Killed, "removed_finished", res.Removed)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -28,6 +29,7 @@ type Relay struct {
 	cfg   Config
 	store *taskstate.Store
 	sql   taskstate.Statements
+	ops   *transition.Ops // every write of a task's state
 	table string
 	obs   Observer // the Prometheus observer, Config.Observer and stats
 	stats statsObserver
@@ -81,6 +83,7 @@ func New(pool DB, dq *delayq.Client, cfg Config) (*Relay, error) {
 		table: store.Table(),
 		store: store,
 		sql:   store.SQL,
+		ops:   transition.New(store, dq),
 		wake:  make(chan struct{}, 1),
 	}
 	var prom Observer
@@ -280,7 +283,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		batches[i].Tasks = append(batches[i].Tasks, t)
 	}
 
-	statuses, err := r.enqueue(ctx, batches)
+	statuses, err := r.enqueue(ctx, tx, batches)
 	if err != nil {
 		return 0, r.redisErr(errRedis, "enqueue", err)
 	}
@@ -291,7 +294,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		}
 	}
 	if len(bad) > 0 {
-		if _, err := tx.Exec(ctx, r.sql.MarkInvalid, bad, badEr); err != nil {
+		if err := r.ops.MarkInvalid(ctx, tx, bad, badEr); err != nil {
 			return 0, r.pgErr(errPostgres, "mark invalid rows dead", err)
 		}
 	}
@@ -330,7 +333,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 // mirror write has not landed) the controls are mirrored first; a shard that
 // refuses the count (ErrShardCount: it holds another) gets them mirrored too, and
 // the calls go once more.
-func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
+func (r *Relay) enqueue(ctx context.Context, tx pgx.Tx, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
 	for _, b := range batches {
 		if b.Shards == 0 {
 			continue // the role may not read the counts: routed by Redis's
@@ -341,10 +344,10 @@ func (r *Relay) enqueue(ctx context.Context, batches []delayq.QueueTasks) ([][]d
 			break
 		}
 	}
-	statuses, err := r.dq.EnqueuePipelined(ctx, batches)
+	statuses, err := r.ops.Move(ctx, tx, batches)
 	if errors.Is(err, delayq.ErrShardCount) {
 		r.mirrorControls(ctx)
-		statuses, err = r.dq.EnqueuePipelined(ctx, batches)
+		statuses, err = r.ops.Move(ctx, tx, batches)
 	}
 	return statuses, err
 }
@@ -374,48 +377,13 @@ func (r *Relay) mirrorControls(ctx context.Context) {
 // record follows the round's in the WAL, and flushing it makes the round durable
 // too (docs/DESIGN.md, "Write orders").
 func (r *Relay) take(ctx context.Context, tx pgx.Tx) ([]taskstate.Taken, error) {
-	noShards := r.noShards.Load()
-	b := &pgx.Batch{}
-	b.Queue("SET LOCAL synchronous_commit TO off")
-	if len(r.cfg.Queues) > 0 {
-		b.Queue(r.sql.TakeDueQueues, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize, r.cfg.Queues)
-	} else {
-		b.Queue(r.sql.TakeDue, r.cfg.Horizon.Microseconds(), r.cfg.BatchSize)
+	rows, err := r.ops.TakeDue(ctx, tx, transition.Take{
+		Horizon: r.cfg.Horizon, Limit: r.cfg.BatchSize, Queues: r.cfg.Queues, Shards: !r.noShards.Load(),
+	})
+	if errors.Is(err, transition.ErrShardCounts) {
+		return nil, r.mayNotReadShards(err)
 	}
-	if !noShards {
-		b.Queue(r.sql.ShardedQueues)
-	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, err
-	}
-	res, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
-	rows, err := pgx.CollectRows(res, taskstate.ScanTaken)
-	if err != nil {
-		return nil, err
-	}
-	if !noShards {
-		res, err := br.Query()
-		if err != nil {
-			return nil, r.mayNotReadShards(err)
-		}
-		sharded := map[string]int{}
-		var (
-			q string
-			n int
-		)
-		if _, err := pgx.ForEachRow(res, []any{&q, &n}, func() error { sharded[q] = n; return nil }); err != nil {
-			return nil, r.mayNotReadShards(err)
-		}
-		for i := range rows {
-			rows[i].Shards = max(sharded[rows[i].Queue], 1)
-		}
-	}
-	return rows, br.Close()
+	return rows, err
 }
 
 // mayNotReadShards returns err, the error of a round's ShardedQueues. When the relay's

@@ -28,12 +28,11 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // rows deleted and the number of batches.
 func (r *Relay) prune(ctx context.Context) (deleted int64, batches int, err error) {
 	for ctx.Err() == nil {
-		tag, err := r.pool.Exec(ctx, r.sql.Prune, r.cfg.Retention.Microseconds(), r.cfg.RetentionBatch)
+		n, err := r.ops.Prune(ctx, r.pool, r.cfg.Retention, r.cfg.RetentionBatch)
 		if err != nil {
 			return deleted, batches, err
 		}
 		batches++
-		n := tag.RowsAffected()
 		deleted += n
 		r.observe(ctx, RetentionEvent{Deleted: n})
 		if n < int64(r.cfg.RetentionBatch) {
