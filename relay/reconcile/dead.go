@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -125,23 +126,17 @@ func retryDead(ctx context.Context, db DB, opts Options, ids []string) (int, err
 	if db == nil {
 		return 0, fmt.Errorf("%w: nil database", ErrInvalidOptions)
 	}
-	o, st, err := opts.prepare()
+	o, _, err := opts.prepare()
 	if err != nil {
 		return 0, err
 	}
+	ops := o.ops(nil)
 	total := 0
 	for {
-		rows, err := db.Query(ctx, st.RetryDead, nonNil(o.Queues), nonNil(ids), o.BatchSize)
+		n, err := ops.RetryDead(ctx, db, o.Queues, ids, o.BatchSize)
 		if err != nil {
 			return total, fmt.Errorf("reconcile: retry dead: %w", err)
 		}
-		var q, id string
-		var notified int64
-		tag, err := pgx.ForEachRow(rows, []any{&q, &id, &notified}, func() error { return nil })
-		if err != nil {
-			return total, fmt.Errorf("reconcile: retry dead: %w", err)
-		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n < o.BatchSize || ids != nil {
 			return total, nil
@@ -155,103 +150,30 @@ func purgeDead(ctx context.Context, db DB, dq *delayq.Client, opts Options, ids 
 	if db == nil || dq == nil {
 		return 0, fmt.Errorf("%w: nil database or Redis client", ErrInvalidOptions)
 	}
-	o, st, err := opts.prepare()
+	o, _, err := opts.prepare()
 	if err != nil {
 		return 0, err
 	}
+	ops := o.ops(dq)
 	total := 0
 	for {
-		rows, err := db.Query(ctx, st.PurgeDead, nonNil(o.Queues), nonNil(ids), o.BatchSize)
-		if err != nil {
+		res, err := ops.PurgeDead(ctx, db, o.Queues, ids, o.BatchSize)
+		total += res.Deleted
+		for _, key := range res.Unkeyed {
+			// A queue or id Redis cannot hold has nothing there.
+			o.Logger.Warn("reconcile: purged a dead row whose key Redis cannot hold", "task", key)
+		}
+		var se *transition.StepError
+		switch {
+		case errors.As(err, &se):
+			return total, fmt.Errorf("reconcile: purge dead: rows deleted, Redis not cleaned (check and reconcile repair it): %w", se.Err)
+		case err != nil:
 			return total, fmt.Errorf("reconcile: purge dead: %w", err)
 		}
-		byQueue := map[string][]delayq.Task{}
-		var order []string
-		var q string
-		var t delayq.Task
-		tag, err := pgx.ForEachRow(rows, []any{&q, &t.ID, &t.Version}, func() error {
-			if _, ok := byQueue[q]; !ok {
-				order = append(order, q)
-			}
-			byQueue[q] = append(byQueue[q], delayq.Task{ID: t.ID, Version: t.Version})
-			return nil
-		})
-		if err != nil {
-			return total, fmt.Errorf("reconcile: purge dead: %w", err)
-		}
-		n := int(tag.RowsAffected())
-		total += n
-		// Committed: now Redis, queue by queue. A queue or id Redis cannot hold
-		// has nothing there; it is logged and the others go on.
-		for _, q := range order {
-			tasks := byQueue[q]
-			if err := validate.Queue(q); err != nil {
-				o.Logger.Warn("reconcile: purged dead rows of a queue Redis cannot hold", "queue", q, "rows", len(tasks), "err", err)
-				continue
-			}
-			valid := tasks[:0]
-			for _, t := range tasks {
-				if err := validate.TaskID(t.ID); err != nil {
-					o.Logger.Warn("reconcile: purged a dead row whose id Redis cannot hold", "queue", q, "err", err)
-					continue
-				}
-				valid = append(valid, t)
-			}
-			if err := removeVersions(ctx, dq, q, valid); err != nil {
-				return total, fmt.Errorf("reconcile: purge dead: rows deleted, Redis not cleaned (check and reconcile repair it): %w", err)
-			}
-		}
-		if n < o.BatchSize || ids != nil {
+		if res.Deleted < o.BatchSize || ids != nil {
 			return total, nil
 		}
 	}
-}
-
-// removeVersions removes from Redis what it holds of each task at the task's version
-// or an older one, probing again the few that change between the probe and the
-// removal; a newer version (the id enqueued again meanwhile) is left alone.
-func removeVersions(ctx context.Context, dq *delayq.Client, q string, tasks []delayq.Task) error {
-	for start := 0; start < len(tasks); start += 1000 {
-		todo := tasks[start:min(start+1000, len(tasks))]
-		for round := 0; len(todo) > 0; round++ {
-			if round == 10 {
-				return fmt.Errorf("%s/%s keeps changing in Redis; try again", q, todo[0].ID)
-			}
-			ids := make([]string, len(todo))
-			for i, t := range todo {
-				ids[i] = t.ID
-			}
-			_, probes, err := dq.Probe(ctx, q, ids...)
-			if err != nil {
-				return err
-			}
-			var repairs []delayq.Repair
-			var asked []delayq.Task
-			for i, t := range todo {
-				p := probes[i]
-				if p.State == delayq.StateMissing && !p.InReady && !p.InActive && !p.InDead || p.Version > t.Version {
-					continue
-				}
-				repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: t.ID, Fingerprint: p.Fingerprint})
-				asked = append(asked, t)
-			}
-			if len(repairs) == 0 {
-				break
-			}
-			applied, err := dq.RepairIf(ctx, q, repairs...)
-			if err != nil {
-				return err
-			}
-			var again []delayq.Task
-			for i, ok := range applied {
-				if !ok {
-					again = append(again, asked[i])
-				}
-			}
-			todo = again
-		}
-	}
-	return nil
 }
 
 // nonNil turns nil into an empty slice: pgx sends nil as NULL, not as an empty array.

@@ -9,7 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -128,6 +130,13 @@ func (o Options) prepare() (Options, taskstate.Statements, error) {
 		return o, taskstate.Statements{}, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	return o, taskstate.NewStatements(taskstate.Config{Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel}), nil
+}
+
+// ops returns the transitions on the outbox of o (prepared) and dq (nil: the
+// Postgres-only ones).
+func (o Options) ops(dq *delayq.Client) *transition.Ops {
+	cfg := outbox.Config{Schema: o.Schema, NotifyChannel: o.NotifyChannel}.WithDefaults()
+	return transition.New(taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel}), dq)
 }
 
 // Progress is what Options.Progress gets after each step.

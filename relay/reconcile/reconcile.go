@@ -14,6 +14,7 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -134,6 +135,7 @@ func Check(ctx context.Context, db DB, dq *delayq.Client, opts Options) ([]Incon
 type engine struct {
 	db  DB
 	dq  *delayq.Client
+	ops *transition.Ops // the repairs
 	o   Options
 	st  taskstate.Statements
 	rep *Report
@@ -158,7 +160,7 @@ func newEngine(db DB, dq *delayq.Client, opts Options) (*engine, error) {
 	for _, k := range AllKinds() {
 		rep.Kinds[k] = &Bucket{}
 	}
-	return &engine{db: db, dq: dq, o: o, st: st, rep: rep, shards: map[string]int{}}, nil
+	return &engine{db: db, dq: dq, ops: o.ops(dq), o: o, st: st, rep: rep, shards: map[string]int{}}, nil
 }
 
 // shardsOf returns queue q's shard count as Postgres holds it, read once per queue
@@ -198,13 +200,14 @@ func (e *engine) probe(ctx context.Context, q string, ids ...string) (time.Time,
 	return now, probes, nil
 }
 
-// repairIf is RepairIf routed by q's shard count in Postgres.
-func (e *engine) repairIf(ctx context.Context, q string, repairs ...delayq.Repair) ([]bool, error) {
+// repairIf repairs tasks of q whose rows tx holds locked, routed by q's shard
+// count in Postgres.
+func (e *engine) repairIf(ctx context.Context, tx pgx.Tx, q string, repairs ...delayq.Repair) ([]bool, error) {
 	n, err := e.shardsOf(ctx, q, false)
 	if err != nil {
 		return nil, err
 	}
-	applied, err := e.dq.RepairIfRouted(ctx, q, n, repairs...)
+	applied, err := e.ops.Repair(ctx, tx, q, n, repairs...)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
@@ -593,7 +596,7 @@ func (e *engine) settle(ctx context.Context, q string, ids []string, first map[s
 	if len(repairs) == 0 {
 		return tx.Commit(ctx)
 	}
-	applied, err := e.repairIf(ctx, q, repairs...)
+	applied, err := e.repairIf(ctx, tx, q, repairs...)
 	if err != nil {
 		return err
 	}
