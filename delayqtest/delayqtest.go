@@ -34,6 +34,7 @@ import (
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
@@ -177,9 +178,8 @@ func (e *Env) Work(ctx context.Context, t testing.TB, w *worker.Worker, queue, i
 	}
 	// The relay's encoding (trace context, deadline, priority and all), but due at
 	// the earliest time Redis takes: ahead of every other task of its priority.
-	task := r.Task()
-	task.RunAt = time.Unix(1, 0)
-	if _, err := e.DelayQ.Enqueue(ctx, queue, task); err != nil {
+	ops := transition.New(taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel}), e.DelayQ)
+	if err := ops.Expedite(ctx, queue, r); err != nil {
 		t.Fatalf("delayqtest: put %s/%s into redis: %v", queue, id, err)
 	}
 	res, err := w.Work(ctx, queue)

@@ -17,11 +17,11 @@ func (c *Client) Cancel(ctx context.Context, q Querier, queue, id string) error 
 	if err := checkKey(queue, id); err != nil {
 		return fmt.Errorf("outbox: cancel: %w", err)
 	}
-	n, err := pgxRunner{q}.exec(ctx, c.sql.Cancel, []any{queue, id})
+	ok, err := c.ops.Cancel(ctx, q, queue, id)
 	if err != nil {
 		return fmt.Errorf("outbox: cancel %s/%s: %w", queue, id, err)
 	}
-	if n == 0 {
+	if !ok {
 		return c.explain(ctx, q, "cancel", queue, id)
 	}
 	return nil
@@ -39,12 +39,7 @@ func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, ru
 	if err := checkRunAt(runAt); err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", queue, id, err)
 	}
-	updated := false
-	err := pgxRunner{q}.query(ctx, c.sql.Reschedule, []any{queue, id, runAt}, func(scan func(...any) error) error {
-		var version, notified int64
-		updated = true
-		return scan(&version, &notified)
-	})
+	updated, err := c.ops.Reschedule(ctx, q, queue, id, runAt)
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", queue, id, err)
 	}
@@ -75,11 +70,7 @@ func (c *Client) RetryDeadEdited(ctx context.Context, q Querier, queue, id strin
 	if payload == nil {
 		payload = []byte{} // the column is NOT NULL: an empty payload is a payload
 	}
-	var next int
-	err := pgxRunner{q}.query(ctx, c.sql.RetryDeadEdited, []any{queue, id, version, payload}, func(scan func(...any) error) error {
-		var notified int64
-		return scan(&next, &notified)
-	})
+	next, err := c.ops.RetryDeadEdited(ctx, q, queue, id, version, payload)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w", queue, id, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -202,6 +203,7 @@ type Client struct {
 	cfg       Config
 	store     *taskstate.Store
 	sql       taskstate.Statements
+	ops       *transition.Ops // the producer's transitions after the insert (Postgres only)
 	notifiers *notifiers // nil when NotifyCooldown is -1
 }
 
@@ -215,7 +217,7 @@ func New(cfg Config) (*Client, error) {
 		Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel,
 		NotifyWithin: cfg.NotifyWithin, ClearPayloadOnDone: cfg.ClearPayloadOnDone,
 	})
-	return &Client{cfg: cfg, store: store, sql: store.SQL, notifiers: newNotifiers(cfg.NotifyCooldown)}, nil
+	return &Client{cfg: cfg, store: store, sql: store.SQL, ops: transition.New(store, nil), notifiers: newNotifiers(cfg.NotifyCooldown)}, nil
 }
 
 // Table returns the quoted, schema-qualified outbox table name, e.g.

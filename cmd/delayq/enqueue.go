@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -210,7 +212,8 @@ func runCancel(ctx context.Context, m *Main, args []string) error {
 		return fmt.Errorf("cancelled %s/%s in Postgres, but: %w", task.queue, task.id, err)
 	}
 	defer rdb.Close()
-	removed, err := dq.Remove(ctx, task.queue, task.id)
+	ops := transition.New(taskstate.New(taskstate.Config{Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel}), dq)
+	removed, err := ops.RemoveFinished(ctx, pool, task.queue, task.id)
 	if err != nil {
 		return fmt.Errorf("cancelled %s/%s in Postgres, but: %w", task.queue, task.id, err)
 	}
