@@ -204,7 +204,7 @@ type Client struct {
 	store     *taskstate.Store
 	sql       taskstate.Statements
 	ops       *transition.Ops // the producer's transitions after the insert (Postgres only)
-	notifiers *notifiers // nil when NotifyCooldown is -1
+	notifiers *notifiers      // nil when NotifyCooldown is -1
 }
 
 // New returns a Client for the outbox described by cfg.

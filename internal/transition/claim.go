@@ -311,7 +311,9 @@ func (o *Ops) MissDeadline(ctx context.Context, db taskstate.Querier, c Claim, r
 // MissDeadlineTx (miss-deadline) is MissDeadline with hook in its transaction,
 // as KillTx.
 func (o *Ops) MissDeadlineTx(ctx context.Context, db Beginner, c Claim, reason string, hook Hook) (Outcome, error) {
-	record := func(ctx context.Context, tx pgx.Tx) (bool, error) { return o.store.MissDeadline(ctx, tx, c.Key, reason) }
+	record := func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		return o.store.MissDeadline(ctx, tx, c.Key, reason)
+	}
 	return o.dieTx(ctx, db, c, record, hook, reason)
 }
 
