@@ -53,6 +53,7 @@ const (
 	Reaper    Actor = "reaper"    // the relay's reaper, on expired leases
 	Operator  Actor = "operator"  // a person, through the CLI or the dead-letter API
 	Retention Actor = "retention" // the relay's pruning of old finished rows
+	Reconcile Actor = "reconcile" // the repair of Redis from Postgres (reconcile, the relay's healing)
 )
 
 // Transition is one edge of the state machine.
@@ -72,6 +73,11 @@ type Transition struct {
 	Order string
 	// Version says what happens to the row's version.
 	Version string
+	// Op names the operations of package internal/transition (methods of
+	// transition.Ops, or its functions) that make the transition, comma
+	// separated; a name with a dot is another package's (the producer's insert).
+	// TestOpsNamed checks both ways.
+	Op string
 }
 
 // The write orders. The rule: Postgres commits first, and every Redis write that
@@ -81,57 +87,76 @@ const (
 	PostgresOnly      = "Postgres only"
 	PostgresThenRedis = "Postgres commits, then Redis"
 	RedisUnderRowLock = "Redis while the row is locked, then the commit"
+	// RedisFollowsRow: Postgres is read, not written; Redis is made to agree.
+	RedisFollowsRow = "Redis follows the row as read"
+	RedisOnly       = "Redis only"
 )
 
 // Transitions is the whole state machine: every change of a row. docs/DESIGN.md
 // shows it (TestTransitionsDocumented), and the model test follows it.
 var Transitions = []Transition{
 	{Name: "enqueue", To: Pending, By: Producer,
-		Postgres: "Enqueue, EnqueueMany", Order: PostgresOnly, Version: "1"},
+		Postgres: "Enqueue, EnqueueMany", Order: PostgresOnly, Version: "1",
+		Op: "outbox.Client.Enqueue, outbox.Client.EnqueueMany"},
 	{Name: "relay", From: []State{Pending}, To: Queued, By: Relay,
 		Postgres: "TakeDue", Redis: "enqueue: adds, or replaces an older version or a finished record",
-		Order: RedisUnderRowLock, Version: "kept"},
+		Order: RedisUnderRowLock, Version: "kept", Op: "TakeDue, Move, Expedite"},
 	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
-		Postgres: "MarkInvalid (marked for the queue's OnDead hook: dead-hook)", Order: PostgresOnly, Version: "kept"},
+		Postgres: "MarkInvalid (marked for the queue's OnDead hook: dead-hook)", Order: PostgresOnly, Version: "kept", Op: "MarkInvalid"},
 	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
-		Postgres: "Guard, GuardAbort, GuardMany, GuardGroup", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "Guard, GuardAbort, GuardMany, GuardGroup", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept",
+		Op: "MarkDone, CommitDone, CommitDoneSQL, MarkDoneMany, CommitGroup, DoneWithoutRow, AckDone"},
 	{Name: "fail-retry", From: []State{Pending, Queued}, To: Kept, By: Worker,
-		Postgres: "RecordFailure (attempt, error, next run_at)", Redis: "retry (token)", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "RecordFailure (attempt, error, next run_at)", Redis: "retry (token)", Order: PostgresThenRedis, Version: "kept", Op: "Retry"},
 	{Name: "fail-dead", From: []State{Pending, Queued}, To: Dead, By: Worker,
-		Postgres: "RecordFailure, with the queue's OnDead hook in its transaction (marked for it instead when Redis counted the attempts out)", Redis: "kill (token)", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "RecordFailure, with the queue's OnDead hook in its transaction (marked for it instead when Redis counted the attempts out)", Redis: "kill (token)", Order: PostgresThenRedis, Version: "kept", Op: "Kill, KillTx"},
 	{Name: "snooze", From: []State{Pending, Queued}, To: Kept, By: Worker,
 		Postgres: "Snooze (next run_at; the attempt is not counted): a handler's Snooze, or an OnDead hook that failed",
-		Redis:    "release (token, delay)", Order: PostgresThenRedis, Version: "kept"},
+		Redis:    "release (token, delay)", Order: PostgresThenRedis, Version: "kept", Op: "Snooze"},
 	{Name: "run-cancel", From: []State{Pending, Queued}, To: Cancelled, By: Worker,
-		Postgres: "CancelRun (a handler's Cancel; its effect rolled back)", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept"},
+		Postgres: "CancelRun (a handler's Cancel; its effect rolled back)", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept",
+		Op: "CancelRun"},
 	{Name: "miss-deadline", From: []State{Pending, Queued}, To: Dead, By: Worker,
 		Postgres: "MissDeadline (claimed after its start_by: never run), with the queue's OnMissedDeadline (or OnDead) hook in its transaction",
-		Redis:    "kill (token)", Order: PostgresThenRedis, Version: "kept"},
+		Redis:    "kill (token)", Order: PostgresThenRedis, Version: "kept", Op: "MissDeadline, MissDeadlineTx"},
+	{Name: "stale", From: States, To: Kept, By: Worker,
+		Postgres: "Row (read after the guard refused the run)", Redis: "complete, or kill when dead at this version (token); retry when live at it",
+		Order: RedisFollowsRow, Version: "kept", Op: "Suppress, GiveBack"},
+	{Name: "release", From: []State{Pending, Queued}, To: Kept, By: Worker,
+		Postgres: "none (a run a shutdown interrupted: the row is unchanged)", Redis: "release (token)",
+		Order: RedisOnly, Version: "kept", Op: "Release"},
 	{Name: "reap-dead", From: []State{Pending, Queued}, To: Dead, By: Reaper,
 		Postgres: "MarkDead (marked for the queue's OnDead hook: dead-hook)", Redis: "reap holds it; then repair kill, or remove if the row finished",
-		Order: PostgresThenRedis, Version: "kept"},
+		Order: PostgresThenRedis, Version: "kept", Op: "Reap, SettleExhausted"},
 	{Name: "dead-hook", From: []State{Dead}, To: Kept, By: Worker,
 		Postgres: "TakeDeadHook (clears the mark), with the queue's OnDead hook in its transaction; DelayDeadHook marks it again after a hook that failed",
-		Order:    PostgresOnly, Version: "kept"},
+		Order:    PostgresOnly, Version: "kept", Op: "TakeDeadHook, DelayDeadHook"},
 	{Name: "cancel", From: []State{Pending, Queued}, To: Cancelled, By: Producer,
-		Postgres: "Cancel", Order: PostgresOnly, Version: "kept"},
+		Postgres: "Cancel", Order: PostgresOnly, Version: "kept", Op: "Cancel"},
+	{Name: "cancel-remove", From: []State{Done, Dead, Cancelled}, To: Kept, By: Operator,
+		Postgres: "Row (read: finished or gone)", Redis: "repair remove (that version or older)", Order: RedisFollowsRow, Version: "kept",
+		Op: "RemoveFinished"},
 	{Name: "reschedule", From: []State{Pending, Queued}, To: Pending, By: Producer,
-		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1"},
+		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1", Op: "Reschedule"},
 	{Name: "dead-retry", From: []State{Dead}, To: Pending, By: Operator,
-		Postgres: "RetryDead (drops a mark whose hook has not run)", Order: PostgresOnly, Version: "+1"},
+		Postgres: "RetryDead (drops a mark whose hook has not run)", Order: PostgresOnly, Version: "+1", Op: "RetryDead"},
 	{Name: "dead-edit-retry", From: []State{Dead}, To: Pending, By: Operator,
-		Postgres: "RetryDeadEdited (payload replaced, only from the version edited)", Order: PostgresOnly, Version: "+1"},
+		Postgres: "RetryDeadEdited (payload replaced, only from the version edited)", Order: PostgresOnly, Version: "+1",
+		Op: "RetryDeadEdited"},
 	{Name: "dead-purge", From: []State{Dead}, By: Operator,
-		Postgres: "PurgeDead", Redis: "repair remove (that version or older)", Order: PostgresThenRedis, Version: "-"},
+		Postgres: "PurgeDead", Redis: "repair remove (that version or older)", Order: PostgresThenRedis, Version: "-", Op: "PurgeDead"},
 	{Name: "prune", From: []State{Done, Cancelled}, By: Retention,
-		Postgres: "Prune", Order: PostgresOnly, Version: "-"},
+		Postgres: "Prune", Order: PostgresOnly, Version: "-", Op: "Prune"},
+	{Name: "repair", From: States, To: Kept, By: Reconcile,
+		Postgres: "Lock (the rows read and held locked)", Redis: "repair restore, kill or remove (compare-and-set on the probe)",
+		Order: RedisUnderRowLock, Version: "kept", Op: "Repair"},
 }
 
 // Table renders Transitions as the Markdown table docs/DESIGN.md shows.
 func Table() string {
 	var b strings.Builder
-	b.WriteString("| transition | from | to | by | Postgres | Redis | write order | version |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| transition | from | to | by | Postgres | Redis | write order | version | operation |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range Transitions {
 		from := "–"
 		if len(t.From) > 0 {
@@ -149,8 +174,8 @@ func Table() string {
 		if redis == "" {
 			redis = "–"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			t.Name, from, to, t.By, t.Postgres, redis, t.Order, t.Version)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			t.Name, from, to, t.By, t.Postgres, redis, t.Order, t.Version, t.Op)
 	}
 	return b.String()
 }
