@@ -45,10 +45,16 @@ type Completion struct {
 // MarkDone (complete) runs the completion guard on q as a statement of its own:
 // Done is OK if the row was pending or queued at the claim's version, and is
 // now done.
+//
+// The key is not validated: a task enqueued into Redis without the outbox may
+// hold one no row can (version 0), and the guard's refusal settles it.
 func (o *Ops) MarkDone(ctx context.Context, q taskstate.Querier, c Claim, clearPayload bool) (Done, error) {
-	ok, err := o.store.MarkDone(ctx, q, c.Key, clearPayload)
-	if err != nil || !ok {
-		return Done{}, err
+	tag, err := q.Exec(ctx, o.store.SQL.Guard, c.Queue, c.ID, c.Version, clearPayload)
+	if err != nil {
+		return Done{}, fmt.Errorf("mark done %s/%s: %w", c.Queue, c.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return Done{}, nil
 	}
 	return done(c), nil
 }
