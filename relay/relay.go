@@ -27,9 +27,8 @@ type Relay struct {
 	pool  DB
 	dq    *delayq.Client
 	cfg   Config
-	store *taskstate.Store
-	sql   taskstate.Statements
-	ops   *transition.Ops // every write of a task's state
+	sql   taskstate.Statements // reads
+	ops   *transition.Ops      // every write of a task's state
 	table string
 	obs   Observer // the Prometheus observer, Config.Observer and stats
 	stats statsObserver
@@ -81,7 +80,6 @@ func New(pool DB, dq *delayq.Client, cfg Config) (*Relay, error) {
 		dq:    dq,
 		cfg:   cfg,
 		table: store.Table(),
-		store: store,
 		sql:   store.SQL,
 		ops:   transition.New(store, dq),
 		wake:  make(chan struct{}, 1),

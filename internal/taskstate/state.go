@@ -1,9 +1,10 @@
 // Package taskstate owns the outbox table and the states of a task: the typed
 // state, the table of every transition (who triggers it, its Postgres statement,
 // its Redis script, the order of the two writes, what happens to the version), and
-// every SQL statement on the outbox table. The producer API (outbox), the relay,
-// reconcile, the worker and the CLI run these statements; none writes SQL on the
-// outbox table of its own.
+// every SQL statement on the outbox table. Package internal/transition runs the
+// statements that write a task's state, each as part of one operation (the
+// transition's Op), and the producer's insert runs in package outbox; the others
+// read. None writes SQL on the outbox table of its own.
 //
 // The one write-order rule, for every transition (docs/DESIGN.md, "Write order"):
 // Postgres commits first; every Redis write that follows is keyed by the task's
