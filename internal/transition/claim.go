@@ -233,8 +233,8 @@ type Failure struct {
 type RetryOutcome struct {
 	Outcome
 	// PostgresErr: recording the failure failed; Redis was given the retry all
-	// the same (Postgres keeps the older run time, which only a Redis rebuilt
-	// from it would use).
+	// the same, and Applied is true (Postgres keeps the older run time, which
+	// only a Redis rebuilt from it would use).
 	PostgresErr error
 	// Dead: Redis counted the attempts out (the task's limit changed under the
 	// run); the death was then recorded in Postgres, marked for the OnDead hook
@@ -359,7 +359,8 @@ func (o *Ops) dieTx(ctx context.Context, db Beginner, c Claim, record func(conte
 type SnoozeOutcome struct {
 	Outcome
 	// PostgresErr: recording the next run time failed; Redis was given the
-	// snooze all the same (Postgres keeps the older run time).
+	// snooze all the same, and Applied is true (Postgres keeps the older run
+	// time).
 	PostgresErr error
 }
 
