@@ -43,10 +43,20 @@ func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, ru
 	if err != nil {
 		return fmt.Errorf("outbox: reschedule %s/%s: %w", queue, id, err)
 	}
-	if !updated {
-		return c.explain(ctx, q, "reschedule", queue, id)
+	if updated {
+		return nil
 	}
-	return nil
+	// Refused: the row is gone or finished, or its start deadline comes before
+	// the new run time or has passed (by the statement's clock: a second of
+	// slack for this one's).
+	row, err := c.store.Row(ctx, q, queue, id)
+	if err == nil && row.Exists && row.State.Live() && !row.StartBy.IsZero() {
+		if row.StartBy.Before(runAt) || row.StartBy.Before(time.Now().Add(time.Second)) {
+			return fmt.Errorf("outbox: reschedule %s/%s: %w: the task's deadline %s is before the new run time %s: it could never start; nothing changed",
+				queue, id, ErrInvalidStartBy, row.StartBy.UTC().Format(time.RFC3339Nano), runAt.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	return c.explain(ctx, q, "reschedule", queue, id)
 }
 
 // RetryDeadEdited retries the dead task queue/id with a new payload: its row

@@ -123,3 +123,50 @@ func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 		t.Fatalf("EnqueueMany with a retry past its deadline: %+v, %v", mr, err)
 	}
 }
+
+// TestRescheduleCheckedAgainstTheStartBy: a reschedule to a time after the task's
+// start deadline is refused with ErrInvalidStartBy and changes nothing (the task
+// would have died unrun at its first claim); one before the deadline moves it,
+// and a task without a deadline moves anywhere.
+func TestRescheduleCheckedAgainstTheStartBy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := time.Now()
+	deadline := now.Add(time.Hour)
+	for _, task := range []outbox.Task{
+		{Queue: "q", ID: "bounded", Delay: time.Minute, StartBy: deadline},
+		{Queue: "q", ID: "free", Delay: time.Minute},
+	} {
+		if _, err := b.client.Enqueue(ctx, b.pool, task); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row := func(id string) (version int, runAt time.Time) {
+		if err := b.pool.QueryRow(ctx, `SELECT version, run_at FROM delayq_outbox WHERE queue = 'q' AND task_id = $1`, id).Scan(&version, &runAt); err != nil {
+			t.Fatal(err)
+		}
+		return version, runAt
+	}
+	v0, at0 := row("bounded")
+	err := b.client.Reschedule(ctx, b.pool, "q", "bounded", deadline.Add(time.Minute))
+	if !errors.Is(err, outbox.ErrInvalidStartBy) || !strings.Contains(err.Error(), "could never start") {
+		t.Fatalf("reschedule past the deadline: %v, want ErrInvalidStartBy", err)
+	}
+	if v, at := row("bounded"); v != v0 || !at.Equal(at0) {
+		t.Errorf("refused reschedule changed the row: version %d run_at %v, was %d %v", v, at, v0, at0)
+	}
+	if err := b.client.Reschedule(ctx, b.pool, "q", "bounded", deadline.Add(-time.Minute)); err != nil {
+		t.Fatalf("reschedule before the deadline: %v", err)
+	}
+	if v, _ := row("bounded"); v != v0+1 {
+		t.Errorf("version %d after a reschedule, want %d", v, v0+1)
+	}
+	if err := b.client.Reschedule(ctx, b.pool, "q", "free", deadline.Add(time.Hour)); err != nil {
+		t.Fatalf("reschedule of a task without a deadline: %v", err)
+	}
+	// Gone and finished tasks still say so.
+	if err := b.client.Reschedule(ctx, b.pool, "q", "nobody", now); !errors.Is(err, outbox.ErrNotFound) {
+		t.Errorf("reschedule of a missing task: %v, want ErrNotFound", err)
+	}
+}

@@ -293,7 +293,7 @@ func writeJSON(w io.Writer, v any) error {
 // isUsage reports whether err is a mistake in the input rather than a failure.
 func isUsage(err error) bool {
 	for _, s := range []error{outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, outbox.ErrInvalidDelay,
-		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, reconcile.ErrInvalidOptions} {
+		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, outbox.ErrInvalidStartBy, reconcile.ErrInvalidOptions} {
 		if errors.Is(err, s) {
 			return true
 		}

@@ -317,16 +317,19 @@ WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')`, table, cl
 		// version is in Redis is moved by the relay at once, however far its run_at
 		// (TakeDue), and it notifies at commit whatever its run_at, so the older version
 		// is replaced within the relay's lag, not after a poll.
+		// A start deadline before the new run time (or already past) refuses the
+		// move, as it refuses an enqueue: the task could never start.
 		Reschedule: fmt.Sprintf(`WITH upd AS (
 	UPDATE %s
 	SET run_at = $3, state = 'pending', version = version + 1
 	WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')
+	  AND (start_by IS NULL OR start_by >= greatest($3, statement_timestamp()))
 	RETURNING version, run_at, queued_at
 )
 SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHERE queued_at IS NOT NULL OR "+soon+") AS v")),
 
 		// $1 queue, $2 task_id.
-		Row: fmt.Sprintf(`SELECT state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = $2`, table),
+		Row: fmt.Sprintf(`SELECT state, version, COALESCE(last_error, ''), start_by FROM %s WHERE queue = $1 AND task_id = $2`, table),
 		// $1 queue, $2 task ids.
 		Rows: fmt.Sprintf(`SELECT task_id, state, version, COALESCE(last_error, '') FROM %s WHERE queue = $1 AND task_id = ANY($2::text[])`, table),
 

@@ -60,6 +60,9 @@ type RowState struct {
 	State     State
 	Version   int
 	LastError string
+	// StartBy is the task's start deadline (zero: none). Row reads it; Rows does
+	// not.
+	StartBy time.Time
 }
 
 // Finished reports whether the task needs no run any more: finished, or gone.
@@ -71,7 +74,8 @@ func (s *Store) Row(ctx context.Context, q Querier, queue, id string) (RowState,
 		r  RowState
 		st string
 	)
-	err := q.QueryRow(ctx, s.SQL.Row, queue, id).Scan(&st, &r.Version, &r.LastError)
+	var startBy *time.Time
+	err := q.QueryRow(ctx, s.SQL.Row, queue, id).Scan(&st, &r.Version, &r.LastError, &startBy)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return RowState{}, nil
@@ -79,6 +83,9 @@ func (s *Store) Row(ctx context.Context, q Querier, queue, id string) (RowState,
 		return RowState{}, fmt.Errorf("read outbox row %s/%s: %w", queue, id, err)
 	}
 	r.Exists = true
+	if startBy != nil {
+		r.StartBy = *startBy
+	}
 	if r.State, err = Parse(st); err != nil {
 		return RowState{}, err
 	}
