@@ -25,7 +25,14 @@ type modelRun struct {
 	inc, version, attempt int
 	outcome, worker       string
 	due, claimedAt        time.Time
+	startedAt             time.Time // when its handler recorded it (Postgres's clock)
 }
+
+// starved reports whether the run's handler started so long after its claim that
+// its lease may have run out before it ended: on a loaded machine a process can
+// stall that long, and the reaper then counts the attempt as lost. Its outcome
+// is not the planned one, whatever the product does.
+func (r modelRun) starved() bool { return r.startedAt.Sub(r.claimedAt) > modelLease/2 }
 
 // modelEffect is one committed effect, from model_effects.
 type modelEffect struct {
@@ -63,13 +70,16 @@ func (m *model) check(ctx context.Context) {
 		t.Fatal(err)
 	}
 	runs := map[key][]modelRun{}
-	rs, err = s.admin.Query(ctx, `SELECT queue, task_id, inc, version, attempt, outcome, worker, due, claimed_at FROM model_runs ORDER BY claimed_at`)
+	rs, err = s.admin.Query(ctx, `SELECT queue, task_id, inc, version, attempt, outcome, worker, due, claimed_at, started_at FROM model_runs ORDER BY claimed_at`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ru modelRun
-	if _, err := pgx.ForEachRow(rs, []any{&k.queue, &k.id, &ru.inc, &ru.version, &ru.attempt, &ru.outcome, &ru.worker, &ru.due, &ru.claimedAt}, func() error {
+	if _, err := pgx.ForEachRow(rs, []any{&k.queue, &k.id, &ru.inc, &ru.version, &ru.attempt, &ru.outcome, &ru.worker, &ru.due, &ru.claimedAt, &ru.startedAt}, func() error {
 		runs[k] = append(runs[k], ru)
+		if ru.starved() {
+			m.starvedAt = append(m.starvedAt, ru.claimedAt)
+		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -127,8 +137,8 @@ func (m *model) check(ctx context.Context) {
 	for _, r := range rows {
 		states[r.state]++
 	}
-	line := fmt.Sprintf("model: seed=%d tasks=%d rows=%v runs=%d effects=%d certain=%d ops=[%s] worker_kills=%d relay_kills=%d settle=%s violations=%d elapsed=%s",
-		m.seed, len(m.order), states, nRuns, nEffects, certain, m.summary(), m.workers.kills.Load(), m.relays.kills.Load(),
+	line := fmt.Sprintf("model: seed=%d tasks=%d rows=%v runs=%d effects=%d certain=%d ops=[%s] worker_kills=%d relay_kills=%d starved_runs=%d settle=%s violations=%d elapsed=%s",
+		m.seed, len(m.order), states, nRuns, nEffects, certain, m.summary(), m.workers.kills.Load(), m.relays.kills.Load(), len(m.starvedAt),
 		settleTime.Round(100*time.Millisecond), v.n, time.Since(s.started).Round(100*time.Millisecond))
 	t.Log(line)
 	fmt.Println(line)
@@ -142,6 +152,10 @@ func (m *model) check(ctx context.Context) {
 // returns whether the model was certain of the final state.
 func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, runs []modelRun, effects []modelEffect) (certain bool) {
 	hist := "\n      history: " + strings.Join(mt.log, "\n               ")
+	for _, r := range runs {
+		hist += fmt.Sprintf("\n      run: inc %d v%d attempt %d %s by %s, claimed %s, started %v after", r.inc, r.version, r.attempt,
+			r.outcome, r.worker, stamp(r.claimedAt), r.startedAt.Sub(r.claimedAt).Round(time.Millisecond))
+	}
 	bad := func(cat, format string, args ...any) {
 		v.add(cat, "%s: %s%s", mt.key(), fmt.Sprintf(format, args...), hist)
 	}
@@ -179,8 +193,8 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 	}
 	if hasRow && (mt.k == kOpen || mt.k == kMaybeGone || mt.k == kDone || mt.k == kDead) {
 		st, attempt, ok := m.expected(mt)
-		if ok && (m.lostByKill(mt, runs) || m.crashedDuring(mt, runs)) {
-			ok = false // a worker kill or a Postgres crash may have changed a run's outcome
+		if ok && (m.lostByKill(mt, runs) || m.crashedDuring(mt, runs) || m.lostToStarvation(mt, runs)) {
+			ok = false // a worker kill, a Postgres crash or a stalled process may have changed a run's outcome
 		}
 		if ok {
 			certain = true
@@ -289,6 +303,41 @@ func (m *model) crashedDuring(mt *mtask, runs []modelRun) bool {
 				r.claimedAt.After(c.from.Add(-modelSlow)) && r.claimedAt.Before(c.to) {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// lostToStarvation reports whether a stalled process may have lost a run of mt's
+// current version to its lease: one of its runs started late (starved), or an
+// attempt has no run (a claim whose lease ran out before its handler began)
+// while some run of the model started late within a slow handler's length of
+// this task's claims. (Seed 7384211481351235695, on a machine at load 15-20: two
+// attempts planned to succeed were counted lost, and the third, planned to
+// fail, made the task dead.)
+func (m *model) lostToStarvation(mt *mtask, runs []modelRun) bool {
+	var first, last time.Time
+	for _, r := range runs {
+		if r.inc != mt.inc || r.version != mt.version {
+			continue
+		}
+		if r.starved() {
+			return true
+		}
+		if first.IsZero() {
+			first = r.claimedAt
+		}
+		last = r.claimedAt
+	}
+	if cleanRuns(mt, runs) {
+		return false
+	}
+	if first.IsZero() {
+		first, last = mt.since, time.Now()
+	}
+	for _, at := range m.starvedAt {
+		if at.After(first.Add(-modelSlow)) && at.Before(last.Add(modelSlow)) {
+			return true
 		}
 	}
 	return false

@@ -89,6 +89,9 @@ type model struct {
 	// pgCrashes are the Postgres crashes, each from the kill to the end of the
 	// time its broken connections may still fail a run (opPostgresCrash).
 	pgCrashes []struct{ from, to time.Time }
+	// starvedAt are the claims of the runs whose handler started late
+	// (modelRun.starved), found by check.
+	starvedAt []time.Time
 	ops       map[string]int // operations applied, by name
 	oplog     []string
 	faults    []string // model-level faults found while generating
