@@ -1,12 +1,15 @@
 package migrations_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/migrations"
@@ -400,5 +403,75 @@ func TestRowSize(t *testing.T) {
 	}
 	if hookIdx > 2*8192 {
 		t.Errorf("the index of hook-pending marks takes %d B with no row marked", hookIdx)
+	}
+}
+
+// TestNotifyLateFunction (00017): the late-commit trigger's function measures the
+// transaction's age by transaction_timestamp() and reads the row only to notify;
+// DownTo(16) gives back 00015's, which read created_at, and a late commit of a
+// marked row notifies with either (the behaviour is TestLateCommitNotifies's, in
+// package outbox, and the relay's notify tests).
+func TestNotifyLateFunction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := testenv.EmptyPostgresURL(t)
+	db := openDB(t, url)
+	m := newMigrator(t, db, migrations.Config{})
+	body := func() string {
+		t.Helper()
+		var def string
+		if err := db.QueryRowContext(ctx, `SELECT pg_get_functiondef('public.delayq_outbox_notify_late()'::regprocedure)`).Scan(&def); err != nil {
+			t.Fatal(err)
+		}
+		return def
+	}
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background()) //nolint:errcheck
+	if _, err := listener.Exec(ctx, `LISTEN late_fn`); err != nil {
+		t.Fatal(err)
+	}
+	// A marked row's commit, 25 ms or more after its transaction began, notifies.
+	lateCommitNotifies := func() bool {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback() //nolint:errcheck // committed below
+		if _, err := tx.ExecContext(ctx, `SELECT pg_sleep(0.03)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO public.delayq_outbox (queue, task_id, run_at, payload, max_attempts, notify_late)
+			VALUES ('q', gen_random_uuid()::text, now(), '', 1, 'late_fn')`); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		return err == nil && n.Payload == "q"
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if def := body(); !strings.Contains(def, "transaction_timestamp()") || strings.Contains(def, "created_at") {
+		t.Fatalf("after Up, the function reads:\n%s\nwant transaction_timestamp() and no created_at", def)
+	}
+	if !lateCommitNotifies() {
+		t.Fatal("after Up, a late commit of a marked row notified nothing")
+	}
+	if _, err := m.DownTo(ctx, 16); err != nil {
+		t.Fatal(err)
+	}
+	if def := body(); !strings.Contains(def, "NEW.created_at") {
+		t.Fatalf("after DownTo(16), the function reads:\n%s\nwant 00015's NEW.created_at", def)
+	}
+	if !lateCommitNotifies() {
+		t.Fatal("after DownTo(16), a late commit of a marked row notified nothing")
 	}
 }
