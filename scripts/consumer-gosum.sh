@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds a throwaway consumer module in a temporary directory that imports the
+# library's packages from this checkout (a replace directive), runs go mod tidy
+# and reports its go.sum: the line count and any test tool that leaked into it
+# (dockertest, the Docker client, chromedp, the OpenTelemetry SDK). Exits 1 when
+# one did. DELAYQ_CONSUMER_OTEL=1 also imports delayqotel (its own module), which
+# may bring the OpenTelemetry API but not the SDK.
+#
+#   scripts/consumer-gosum.sh          # or: make consumer-gosum
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+export GOWORK=off GOFLAGS=-mod=mod
+
+go mod init example.com/consumer >/dev/null 2>&1
+pkgs=(outbox delayq delayq/worker relay relay/reconcile control schedule dashboard delayqtype migrations delayqtest)
+go mod edit -require=github.com/delayq/delayq@v0.0.0-00010101000000-000000000000 \
+  -replace=github.com/delayq/delayq="$root"
+if [[ -n "${DELAYQ_CONSUMER_OTEL:-}" ]]; then
+  pkgs+=(delayqotel)
+  go mod edit -require=github.com/delayq/delayq/delayqotel@v0.0.0-00010101000000-000000000000 \
+    -replace=github.com/delayq/delayq/delayqotel="$root/delayqotel"
+fi
+{
+  echo "package main"
+  echo
+  echo "import ("
+  for p in "${pkgs[@]}"; do echo "	_ \"github.com/delayq/delayq/$p\""; done
+  echo ")"
+  echo
+  echo "func main() {}"
+} >main.go
+go mod tidy
+go build ./...
+
+lines=$(wc -l <go.sum)
+echo "consumer go.sum: $lines lines ($(cut -d' ' -f1 go.sum | sort -u | wc -l) modules), importing: ${pkgs[*]}"
+forbidden='^(github\.com/ory/dockertest|github\.com/docker/|github\.com/moby/|github\.com/containerd/|github\.com/opencontainers/|github\.com/chromedp/|go\.opentelemetry\.io/otel/sdk)'
+if [[ -n "${DELAYQ_CONSUMER_VERBOSE:-}" ]]; then cut -d" " -f1 go.sum | sort -u; fi
+if bad=$(cut -d' ' -f1 go.sum | sort -u | grep -E "$forbidden"); then
+  echo "consumer go.sum holds test tools:" >&2
+  echo "$bad" | sed 's/^/  /' >&2
+  exit 1
+fi
