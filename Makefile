@@ -6,11 +6,24 @@ GO ?= go
 # no test servers and no Docker client.
 DEVTAGS := -tags delayqdev
 
+# Three modules, one workspace (go.work): the root (the library users import, and
+# the CLI), delayqotel (the OpenTelemetry adapter, a module of its own) and
+# internal/dev (the tests' Docker fallback and the dashboard's browser tests:
+# dockertest and chromedp, kept out of users' go.sum). `./...` does not enter a
+# nested module, so the targets name every module's packages.
+NESTED  := delayqotel internal/dev
+MODULES := . $(NESTED)
+PKGS    := ./... $(addprefix ./,$(addsuffix /...,$(NESTED)))
+
+# Runs a command with servers: local binaries (started by the tests and the
+# demo themselves), else Docker containers whose URLs it passes on.
+WITHSERVERS := GO=$(GO) bash .ci/withservers
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: servers
 servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debian/Ubuntu).
@@ -18,11 +31,11 @@ servers: ## Make sure PostgreSQL and Redis can be started (installs them on Debi
 
 .PHONY: demo
 demo: servers ## Run the end-to-end demo on throwaway servers (or DATABASE_URL/REDIS_URL).
-	$(GO) run $(DEVTAGS) ./cmd/delayq demo
+	$(WITHSERVERS) app -- $(GO) run $(DEVTAGS) ./cmd/delayq demo
 
 .PHONY: demo-ui
 demo-ui: servers ## Watch a live demo workload in the dashboard: http://127.0.0.1:8080 (Ctrl-C stops it).
-	$(GO) run $(DEVTAGS) ./cmd/delayq demo --ui
+	$(WITHSERVERS) app -- $(GO) run $(DEVTAGS) ./cmd/delayq demo --ui
 
 .PHONY: build
 build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile builds it.
@@ -33,24 +46,24 @@ browser: ## Make sure a headless Chromium is there for the dashboard's browser t
 	@bash .ci/browser
 
 .PHONY: test
-test: servers browser ## Run every test against real servers, with the race detector.
-	$(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x ./...
+test: servers browser ## Run every test of every module against real servers, with the race detector.
+	$(WITHSERVERS) test -- $(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x $(PKGS)
 
 # The quick loop leaves out the suites that take minutes whatever -short says:
 # faults (processes killed, servers restarted), clustertest (Redis Clusters),
 # securitytest (TLS servers, the built binary), bench (the workloads) and
-# tempserver (starts and kills servers). The others skip their big cases under
-# -short (testing.Short).
-SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver)$$
+# tempserver and dev/dockerserver (start and kill servers). The others skip their
+# big cases under -short (testing.Short).
+SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/dockerserver)$$
 
 .PHONY: test-short
 test-short: servers ## The quick loop (under 2 minutes): -short -race, without the fault, cluster, security and bench suites.
-	$(GO) test -short -race -count=1 -timeout 5m $$($(GO) list ./... | grep -vE '$(SLOW_PKGS)')
+	$(WITHSERVERS) test -- $(GO) test -short -race -count=1 -timeout 5m $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
 
 .PHONY: bench
 bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
 	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
-	$(GO) run $(DEVTAGS) ./cmd/delayq bench
+	$(WITHSERVERS) app --durable -- $(GO) run $(DEVTAGS) ./cmd/delayq bench
 
 # Analyzers run with `go run module@version`: pinned, nothing installed.
 # staticcheck 2026.2.2 (v0.8.2) supports go.mod's Go 1.26; nilness (x/tools)
@@ -59,12 +72,17 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 NILNESS     := golang.org/x/tools/go/analysis/passes/nilness/cmd/nilness@v0.51.0
 
 .PHONY: lint
-lint: ## gofmt, go vet, staticcheck, nilness (both builds of cmd/delayq), go mod tidy -diff.
+lint: ## gofmt, go vet, staticcheck, nilness (every module; both builds of cmd/delayq), go mod tidy -diff, the consumer's go.sum.
 	@test -z "$$(gofmt -l .)" || (echo "gofmt -l:" && gofmt -l . && exit 1)
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
 	$(GO) vet $(DEVTAGS) ./cmd/delayq
-	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) $(PKGS)
 	$(GO) run $(STATICCHECK) $(DEVTAGS) ./cmd/delayq
-	$(GO) run $(NILNESS) ./...
+	$(GO) run $(NILNESS) $(PKGS)
 	$(GO) run $(NILNESS) $(DEVTAGS) ./cmd/delayq
-	$(GO) mod tidy -diff
+	@for m in $(MODULES); do echo "go mod tidy -diff ($$m)"; (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
+	@bash scripts/consumer-gosum.sh
+
+.PHONY: consumer-gosum
+consumer-gosum: ## A throwaway module that imports the library: its go.sum line count, and no test tools in it.
+	@bash scripts/consumer-gosum.sh

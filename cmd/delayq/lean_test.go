@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -103,6 +105,103 @@ func TestLeanLibraries(t *testing.T) {
 			if strings.HasPrefix(d, "go.opentelemetry.io/") && lib != "github.com/delayq/delayq/delayqotel" {
 				t.Errorf("%s depends on %s: only the delayqotel adapter imports OpenTelemetry", lib, d)
 			}
+		}
+	}
+}
+
+// forbiddenModules are modules the root module's go.mod must not require, even
+// indirectly: with module graph pruning every module it lists lands in the go.sum
+// of a service that imports any of our packages. They belong in the dev module
+// (internal/dev: Docker fallback, browser tests) or, for OpenTelemetry, in
+// delayqotel's own module, which requires the API alone.
+var forbiddenModules = []string{
+	"github.com/ory/dockertest",
+	"github.com/docker/",
+	"github.com/moby/",
+	"github.com/containerd/",
+	"github.com/opencontainers/",
+	"github.com/chromedp/",
+	"go.opentelemetry.io/", // the root has no OpenTelemetry at all: delayqotel is a module of its own
+}
+
+func forbiddenModule(path string) bool {
+	for _, f := range forbiddenModules {
+		if path == strings.TrimSuffix(f, "/") || strings.HasPrefix(path, f) ||
+			(!strings.HasSuffix(f, "/") && strings.HasPrefix(path, f+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
+// goModule runs the go command on the root module alone (GOWORK=off: the
+// workspace would mix in the dev module's requirements).
+func goModule(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command("go", args...)
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	return out
+}
+
+// TestModuleRequiresNoTestTools: the root module's go.mod requires none of
+// forbiddenModules; for one it does, the error shows the import chain that pulls
+// it in (go mod why -m). scripts/consumer-gosum.sh (make lint) checks the go.sum a
+// consumer module really gets.
+func TestModuleRequiresNoTestTools(t *testing.T) {
+	t.Parallel()
+	var mod struct {
+		Require []struct {
+			Path, Version string
+			Indirect      bool
+		}
+	}
+	if err := json.Unmarshal(goModule(t, "mod", "edit", "-json"), &mod); err != nil {
+		t.Fatal(err)
+	}
+	if len(mod.Require) == 0 {
+		t.Fatal("go mod edit -json: go.mod requires nothing?")
+	}
+	for _, r := range mod.Require {
+		if !forbiddenModule(r.Path) {
+			continue
+		}
+		how := "directly"
+		if r.Indirect {
+			how = "indirectly"
+		}
+		why := goModule(t, "mod", "why", "-m", r.Path)
+		t.Errorf("go.mod requires %s %s (%s): every user of the library would get it in go.sum; "+
+			"move its importer to internal/dev or delayqotel's module. Pulled in by:\n%s", r.Path, r.Version, how, why)
+	}
+}
+
+// TestForbiddenModule: the prefix rules catch the modules they name and no other.
+func TestForbiddenModule(t *testing.T) {
+	t.Parallel()
+	for path, want := range map[string]bool{
+		"github.com/ory/dockertest/v3":     true,
+		"github.com/docker/docker":         true,
+		"github.com/moby/term":             true,
+		"github.com/chromedp/chromedp":     true,
+		"go.opentelemetry.io/otel/sdk":     true,
+		"github.com/dockerx/tool":          false,
+		"github.com/jackc/pgx/v5":          false,
+		"github.com/redis/go-redis/v9":     false,
+		"go.uber.org/goleak":               false,
+		"github.com/opencontainers/runc":   true,
+		"github.com/containerd/continuity": true,
+	} {
+		if got := forbiddenModule(path); got != want {
+			t.Errorf("forbiddenModule(%q) = %v, want %v", path, got, want)
 		}
 	}
 }

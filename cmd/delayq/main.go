@@ -6,9 +6,10 @@
 // 2 usage error. Errors are printed as one line on standard error.
 //
 // Built as it is (go build ./cmd/delayq, the Dockerfile), the binary links no test
-// servers and no Docker client. Built with -tags delayqdev (make demo, make bench)
-// it also has the benchmark workloads, and the demo starts throwaway PostgreSQL
-// and Redis servers when no URLs are given.
+// servers. Built with -tags delayqdev (make demo, make bench) it also has the
+// benchmark workloads, and the demo starts throwaway PostgreSQL and Redis servers
+// from local binaries when no URLs are given (where there are none, make starts
+// Docker containers through the dev module and passes their URLs).
 package main
 
 import (

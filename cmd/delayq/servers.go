@@ -3,8 +3,9 @@
 package main
 
 // This file is built only with -tags delayqdev (make demo, make bench): it links
-// internal/tempserver, and through it the Docker client, which the relay and CLI
-// binary must not carry. servers_stub.go stands in for it otherwise.
+// internal/tempserver, test tooling the relay and CLI binary must not carry.
+// servers_stub.go stands in for it otherwise. (The Docker fallback is not here:
+// make passes the URLs of containers it started, internal/dev/withservers.)
 
 import (
 	"context"
@@ -14,7 +15,7 @@ import (
 )
 
 // throwawayServers fills in the URLs the user did not give by starting throwaway
-// servers (local binaries, else Docker). The returned stop removes them.
+// servers from local binaries. The returned stop removes them.
 func (m *Main) throwawayServers(ctx context.Context, conn *connFlags, durable bool) (stop func(), err error) {
 	var stops []func()
 	stop = func() {

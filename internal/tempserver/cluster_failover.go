@@ -97,7 +97,7 @@ func parseClusterNodes(s string) ([]ClusterNode, error) {
 func (r *Redis) running() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.proc != nil || r.dockerC != nil
+	return r.proc != nil
 }
 
 // nodeClient opens a client on one node.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -36,11 +38,13 @@ type Postgres struct {
 	// leftover are processes of the last server that had not exited when it was
 	// stopped: Start waits for them.
 	leftover []int
-	dockerC  func() // non-nil when the server is a container
 	url      string
 }
 
-// StartPostgres starts a server from local binaries, else in Docker.
+// StartPostgres starts a server from local binaries. There is no Docker fallback
+// in this module (it would put the Docker client in users' go.sum): `make test`
+// and `make demo` start containers through internal/dev when no binaries are
+// installed and pass their URLs.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
 	if opts.MaxConnections == 0 {
 		opts.MaxConnections = 300
@@ -49,11 +53,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if err == nil {
 		return startLocalPostgres(ctx, filepath.Dir(initdb), opts)
 	}
-	pg, derr := startDockerPostgres(ctx, opts)
-	if derr == nil {
-		return pg, nil
-	}
-	return nil, fmt.Errorf("%w: PostgreSQL: no local initdb (%v) and Docker failed (%v); %s", ErrNoServer, err, derr, InstallHint)
+	return nil, fmt.Errorf("%w: PostgreSQL: no local initdb (%v); %s", ErrNoServer, err, InstallHint)
 }
 
 func startLocalPostgres(ctx context.Context, bin string, opts PostgresOptions) (*Postgres, error) {
@@ -97,7 +97,7 @@ func (p *Postgres) URL() string {
 func (p *Postgres) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.dockerC != nil || p.proc != nil {
+	if p.proc != nil {
 		return nil
 	}
 	if err := waitGone(p.leftover, 30*time.Second); err != nil {
@@ -181,10 +181,6 @@ func (p *Postgres) halt(sig syscall.Signal) {
 
 // Close stops the server and removes its data.
 func (p *Postgres) Close() {
-	if p.dockerC != nil {
-		p.dockerC()
-		return
-	}
 	p.Stop()
 	if p.dir != "" {
 		_ = os.RemoveAll(p.dir)
@@ -234,4 +230,21 @@ func isRetryableCreate(err error) bool {
 		return pgErr.SQLState() == "55006"
 	}
 	return false
+}
+
+// replaceDatabase returns serverURL with its database name changed.
+func replaceDatabase(serverURL, name string) string {
+	if u, err := url.Parse(serverURL); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	// Keyword/value form: "host=... dbname=x".
+	fields := strings.Fields(serverURL)
+	out := fields[:0]
+	for _, f := range fields {
+		if !strings.HasPrefix(f, "dbname=") {
+			out = append(out, f)
+		}
+	}
+	return strings.Join(append(out, "dbname="+name), " ")
 }

@@ -18,14 +18,13 @@ import (
 // Redis is a Redis server this process owns, without persistence: a restart
 // loses every key, as a cache node without AOF would.
 type Redis struct {
-	mu      sync.Mutex
-	bin     string
-	dir     string
-	port    int
-	args    []string
-	proc    *process
-	dockerC func()
-	url     string
+	mu   sync.Mutex
+	bin  string
+	dir  string
+	port int
+	args []string
+	proc *process
+	url  string
 }
 
 // RedisOptions tune a throwaway Redis server.
@@ -34,15 +33,12 @@ type RedisOptions struct {
 	Args []string
 }
 
-// StartRedis starts a server from a local redis-server binary, else in Docker.
+// StartRedis starts a server from a local redis-server binary (no Docker
+// fallback here: see StartPostgres).
 func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	bin, err := RedisBinary("redis-server")
 	if err != nil {
-		r, derr := startDockerRedis(ctx, opts)
-		if derr == nil {
-			return r, nil
-		}
-		return nil, fmt.Errorf("%w: Redis: no local redis-server (%v) and Docker failed (%v); %s", ErrNoServer, err, derr, InstallHint)
+		return nil, fmt.Errorf("%w: Redis: no local redis-server (%v); %s", ErrNoServer, err, InstallHint)
 	}
 	dir, err := os.MkdirTemp("", "delayq-redis-")
 	if err != nil {
@@ -79,7 +75,7 @@ func (r *Redis) Addr() string {
 func (r *Redis) Start(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.dockerC != nil || r.proc != nil {
+	if r.proc != nil {
 		return nil
 	}
 	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
@@ -142,10 +138,6 @@ func (r *Redis) halt(sig syscall.Signal) {
 
 // Close stops the server and removes its directory.
 func (r *Redis) Close() {
-	if r.dockerC != nil {
-		r.dockerC()
-		return
-	}
 	r.Stop()
 	if r.dir != "" {
 		_ = os.RemoveAll(r.dir)

@@ -1,7 +1,13 @@
 // Package tempserver starts throwaway PostgreSQL and Redis servers for tests, the
-// demo and the benchmarks: from local server binaries when they are installed, else
-// in Docker containers through dockertest, else it fails with one message that says
-// what to install.
+// demo and the benchmarks from local server binaries, else it fails with one
+// message that says what to install.
+//
+// It has no Docker fallback: that would put dockertest and the Docker client in
+// the root module's go.mod, and so in every user's go.sum. Where no binaries are
+// installed, `make test`, `make demo` and `make bench` start the servers in Docker
+// through the dev module (internal/dev, cmd withservers) and pass their URLs
+// (DELAYQ_TEST_*_URL, DATABASE_URL, REDIS_URL), which the tests and the demo use
+// instead of starting their own.
 //
 // Local servers run as child processes in a temporary directory on free loopback
 // ports, keep nothing after Close, and die with the process that started them
@@ -26,13 +32,14 @@ import (
 	"time"
 )
 
-// ErrNoServer says that neither local binaries nor Docker could provide a server.
+// ErrNoServer says that no local binary could provide a server.
 var ErrNoServer = errors.New("tempserver: no way to start a server")
 
 // InstallHint is the one message shown when no server can be started.
 const InstallHint = "install PostgreSQL and Redis server binaries " +
 	"(Debian/Ubuntu: apt-get install postgresql redis-server; macOS: brew install postgresql redis), " +
-	"or start Docker, or pass DATABASE_URL and REDIS_URL of servers you already run"
+	"or run through make in a checkout of delayq (it falls back to Docker), " +
+	"or pass DATABASE_URL and REDIS_URL of servers you already run"
 
 // handedOut holds every port freePort gave in this process. A server that is
 // stopped and started again (a fault test) takes its port back; meanwhile the

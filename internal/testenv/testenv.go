@@ -3,8 +3,9 @@
 // Redis key prefix, so tests and packages run in parallel.
 //
 // Servers come from, in order: DELAYQ_TEST_POSTGRES_URL / DELAYQ_TEST_REDIS_URL
-// (servers you run; databases are created on them), else throwaway servers started
-// from local binaries or Docker (see internal/tempserver), shared by the tests of one
+// (servers you run, or the containers `make test` starts in Docker where no server
+// binaries are installed; databases are created on them), else throwaway servers
+// started from local binaries (see internal/tempserver), shared by the tests of one
 // package and stopped by Main. Fault tests ask for servers of their own with
 // OwnPostgres and OwnRedis.
 package testenv

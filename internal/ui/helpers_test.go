@@ -2,7 +2,6 @@ package ui
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -11,7 +10,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,16 +172,10 @@ func (c *client) act(action string, form url.Values) string {
 	return resp.Header.Get("Location")
 }
 
-// system runs a relay and a worker on queue "mail" for the rest of the test.
-// Tasks whose payload holds "fail" die at once until fixed is set.
-type system struct {
-	fixed atomic.Bool
-	ran   sync.Map // id -> attempts
-}
-
-func (e *env) runSystem(t *testing.T, queue string) *system {
+// runSystem runs a relay and a worker that completes every task of queue, for
+// the rest of the test.
+func (e *env) runSystem(t *testing.T, queue string) {
 	t.Helper()
-	s := &system{}
 	rl, err := relay.New(e.pool, e.dq, relay.Config{PollInterval: 50 * time.Millisecond, ReapInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -192,13 +184,7 @@ func (e *env) runSystem(t *testing.T, queue string) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.HandleTx(queue, func(ctx context.Context, tx pgx.Tx, task *worker.Task) error {
-		if strings.Contains(string(task.Payload), "fail") && !s.fixed.Load() {
-			return worker.NoRetry(errors.New("card declined: <b>not escaped?</b>"))
-		}
-		s.ran.Store(task.ID, task.Attempt)
-		return nil
-	}, worker.QueueConfig{Concurrency: 2})
+	err = w.HandleTx(queue, func(context.Context, pgx.Tx, *worker.Task) error { return nil }, worker.QueueConfig{Concurrency: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,23 +196,6 @@ func (e *env) runSystem(t *testing.T, queue string) *system {
 		cancel()
 		wg.Wait()
 	})
-	return s
-}
-
-// waitState waits until queue/id is in state st in Postgres.
-func (e *env) waitState(t *testing.T, queue, id string, st taskstate.State) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r := e.row(t, queue, id)
-		if r.Exists && r.State == st {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s: %+v, want %s", queue, id, r, st)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the truth: no signal to wait on from outside
-	}
 }
 
 func newRecorder() *httptest.ResponseRecorder { return httptest.NewRecorder() }

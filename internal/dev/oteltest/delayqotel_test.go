@@ -1,4 +1,4 @@
-package delayqotel_test
+package oteltest
 
 import (
 	"context"

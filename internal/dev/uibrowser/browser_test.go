@@ -1,4 +1,4 @@
-package ui
+package uibrowser
 
 import (
 	"context"
@@ -166,7 +166,7 @@ func login(e *env) chromedp.Tasks {
 // An operator opens the queues page, finds the dead task, retries it, sees it
 // run and leave the dead list.
 func (b *browser) retryDead(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
 	sys := e.runSystem(t, "mail")
 	var tasks []outbox.Task
 	for i := range 12 {
@@ -233,7 +233,7 @@ func (b *browser) retryDead(t *testing.T) {
 
 // An operator reschedules a task from its page: a new version, due later.
 func (b *browser) reschedule(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
 	e.enqueue(t, outbox.Task{Queue: "report", ID: "monthly-2026-11", Payload: []byte(`{"month":"2026-11"}`), Delay: time.Hour})
 	_, run := b.tab(t)
 	var version, flash string
@@ -249,7 +249,7 @@ func (b *browser) reschedule(t *testing.T) {
 	if version != "2" || !strings.Contains(flash, "rescheduled") {
 		t.Fatalf("after reschedule: version %q, flash %q", version, flash)
 	}
-	row, _, err := e.h.browse.Task(ctxT(t), e.pool, "report", "monthly-2026-11", 0)
+	row, _, err := e.browse.Task(ctxT(t), e.pool, "report", "monthly-2026-11", 0)
 	if err != nil || time.Until(row.RunAt) < 2*time.Hour+50*time.Minute {
 		t.Fatalf("run_at %v (%v)", row.RunAt, err)
 	}
@@ -279,7 +279,7 @@ func waitHour(t *testing.T, e *env, queue string, n int) {
 // An operator pauses a queue from the queues page, sees it paused in both stores,
 // and resumes it.
 func (b *browser) pause(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
 	e.enqueue(t, outbox.Task{Queue: "billing", ID: "invoice-1", Payload: []byte(`{}`), Delay: time.Hour})
 	_, run := b.tab(t)
 	var flash, badge string
@@ -309,7 +309,7 @@ func (b *browser) pause(t *testing.T) {
 // An operator fixes a dead task's payload on its page and retries it: a new
 // version runs with the edited payload.
 func (b *browser) editRetry(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t)
 	sys := e.runSystem(t, "mail")
 	e.enqueue(t, outbox.Task{Queue: "mail", ID: "invite-7", Payload: []byte(`{"to":"fail@example.com","template":"invite"}`)})
 	e.waitState(t, "mail", "invite-7", taskstate.Dead)
