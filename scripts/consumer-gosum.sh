@@ -32,7 +32,8 @@ fi
   echo
   echo "func main() {}"
 } >main.go
-go mod tidy
+# tidy's progress lines (finding module for package ...) only on a failure.
+go mod tidy 2>tidy.log || { cat tidy.log >&2; exit 1; }
 go build ./...
 
 lines=$(wc -l <go.sum)

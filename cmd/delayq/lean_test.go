@@ -63,9 +63,10 @@ func TestLeanBinary(t *testing.T) {
 
 // TestLeanLibraries: the packages applications import (every package of the module
 // outside cmd/, internal/ and examples/: outbox, delayq, worker, relay, reconcile,
-// migrations, schedule, the test kit, the OpenTelemetry adapter, and any added
-// later) depend on no throwaway test server, no dockertest and no Docker client,
-// and only the adapter on OpenTelemetry.
+// migrations, schedule, the test kit, the OpenTelemetry adapter (its own module,
+// listed through go.work), and any added later) depend on no throwaway test
+// server, no dockertest and no Docker client, and only the adapter on
+// OpenTelemetry.
 // (The test kit gives a test a database and a prefix on the user's own servers.)
 func TestLeanLibraries(t *testing.T) {
 	t.Parallel()
