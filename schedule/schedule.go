@@ -35,7 +35,7 @@ import (
 	_ "time/tzdata" // zones work where the system has no tz database (distroless)
 
 	"github.com/robfig/cron/v3"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
