@@ -217,7 +217,9 @@ func TestREADMEInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mod, err := exec.Command("go", "list", "-m", "-f", "{{.Path}}").Output()
+	list := exec.Command("go", "list", "-m", "-f", "{{.Path}}")
+	list.Env = append(os.Environ(), "GOWORK=off") // this module, not the workspace's
+	mod, err := list.Output()
 	if err != nil {
 		t.Fatalf("go list -m: %v", err)
 	}
