@@ -29,6 +29,11 @@ var (
 	// due time (RunAt, now plus Delay on the database clock, or now): Validate
 	// checks the range and RunAt, the enqueue statement the rest, writing nothing.
 	ErrInvalidStartBy = errors.New("invalid start deadline")
+	// ErrNotMigrated reports that the outbox table does not exist in the schema:
+	// the migrations have not run there (package migrations, or `delayq migrate
+	// up`). CheckMigrated returns it, and so do the worker's and the relay's Run
+	// at their start, instead of failing every round.
+	ErrNotMigrated = errors.New("outbox table not found (run the migrations: delayq migrate up)")
 	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")
 	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or

@@ -224,5 +224,19 @@ func New(cfg Config) (*Client, error) {
 // "public"."delayq_outbox".
 func (c *Client) Table() string { return c.store.Table() }
 
+// CheckMigrated reports ErrNotMigrated, naming the table, when the outbox table
+// of c's schema does not exist on q; nil when it does; and any other error as it
+// is (a server that cannot be reached says nothing about the migrations).
+func (c *Client) CheckMigrated(ctx context.Context, q Querier) error {
+	var found bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.Table()).Scan(&found); err != nil {
+		return fmt.Errorf("outbox: look for the table %s: %w", c.Table(), err)
+	}
+	if !found {
+		return fmt.Errorf("%w: %s", ErrNotMigrated, c.Table())
+	}
+	return nil
+}
+
 // Config returns the configuration in use, defaults filled in.
 func (c *Client) Config() Config { return c.cfg }

@@ -6,9 +6,6 @@ var (
 	// ErrInvalidConfig reports a Config that does not validate, or a nil pool or
 	// Redis client given to New.
 	ErrInvalidConfig = errors.New("relay: invalid config")
-	// ErrNoOutbox reports that the outbox table does not exist in Config.Schema:
-	// the migrations have not run (package migrations, or `delayq migrate up`).
-	ErrNoOutbox = errors.New("relay: outbox table not found")
 	// ErrRunning reports a second call of Run on a Relay that is running or has run.
 	ErrRunning = errors.New("relay: Run called twice")
 )

@@ -19,6 +19,7 @@ import (
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
+	"github.com/delayq/delayq/outbox"
 )
 
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
@@ -101,15 +102,15 @@ func New(pool DB, dq *delayq.Client, cfg Config) (*Relay, error) {
 // Config returns the effective configuration (defaults applied).
 func (r *Relay) Config() Config { return r.cfg }
 
-// CheckOutbox reports ErrNoOutbox when the outbox table does not exist, so a
-// command can stop with a clear message instead of retrying.
+// CheckOutbox reports outbox.ErrNotMigrated when the outbox table does not
+// exist, so a command can stop with a clear message instead of retrying.
 func (r *Relay) CheckOutbox(ctx context.Context) error {
 	var found bool
 	if err := r.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.table).Scan(&found); err != nil {
 		return fmt.Errorf("relay: look for the outbox table: %w", err)
 	}
 	if !found {
-		return fmt.Errorf("%w: %s (run the migrations: delayq migrate up)", ErrNoOutbox, r.table)
+		return fmt.Errorf("relay: %w: %s", outbox.ErrNotMigrated, r.table)
 	}
 	return nil
 }
@@ -118,10 +119,16 @@ func (r *Relay) CheckOutbox(ctx context.Context) error {
 // the round in hand (committed or rolled back, never left half done). Errors of
 // the servers do not end it: it backs off with jitter, logs once when a server
 // goes down and once when it is back, and resumes by itself. It returns an error
-// only when called twice.
+// only when called twice (ErrRunning), or at once when the outbox table does not
+// exist (outbox.ErrNotMigrated).
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return ErrRunning
+	}
+	// A schema never migrated fails every round: say so once and stop. (A server
+	// that cannot be reached yet is the loops' to wait for.)
+	if err := r.CheckOutbox(ctx); errors.Is(err, outbox.ErrNotMigrated) {
+		return err
 	}
 	var wg sync.WaitGroup
 	loops := []func(context.Context){r.relayLoop}

@@ -915,3 +915,25 @@ func TestListenConnectionUsesPoolHooks(t *testing.T) {
 	b.enqueue(t, task("mail", "woken"))
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
 }
+
+// TestRunRefusesAnUnmigratedSchema: a relay on a database whose migrations have
+// not run stops at once with outbox.ErrNotMigrated and the hint, instead of
+// logging an error every round.
+func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := testenv.Pool(t, testenv.EmptyPostgresURL(t))
+	rl, err := relay.New(pool, b.dq, relay.Config{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	err = rl.Run(ctx)
+	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "delayq migrate up") {
+		t.Fatalf("Run on an unmigrated database: %v, want outbox.ErrNotMigrated with the hint", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run waited for its context instead of refusing at once")
+	}
+}

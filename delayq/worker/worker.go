@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -250,7 +251,15 @@ func (w *Worker) Stats() Stats { return w.stats.snapshot() }
 // enqueued (delayq.Waiter): no polling. A queue whose rate limit (set with
 // `delayq queue limit`) refuses a start sleeps until the claim script says the
 // next start is allowed; the other queues go on.
+//
+// A schema whose outbox table does not exist (the migrations have not run)
+// ends Run at once with outbox.ErrNotMigrated.
 func (w *Worker) Run(ctx context.Context) error {
+	// Every completion would fail on a table that is not there. (A server that
+	// cannot be reached yet is the claim loop's to wait for.)
+	if err := w.ob.CheckMigrated(ctx, w.pool); errors.Is(err, outbox.ErrNotMigrated) {
+		return fmt.Errorf("worker: %w", err)
+	}
 	w.mu.Lock()
 	if w.running {
 		w.mu.Unlock()
