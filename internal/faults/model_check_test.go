@@ -296,13 +296,37 @@ func (m *model) checkTask(v *violations, mt *mtask, row modelRow, hasRow bool, r
 // but its transaction, or the record of its failure, may have died with the
 // server (seed 7245670694199011382: a run planned to succeed was recorded as a
 // failure, its last attempt, and the task went dead).
+//
+// A run may also fail before its handler records it: on a connection the crash
+// broke (the worker's, or the model's own for the record). Its attempt is lost
+// with no run to show: when the recorded runs skip an attempt, or there are
+// none, a crash since the version began makes the end uncertain too (seed
+// 5937432869212091421: a reschedule 4 ms after a restart, both attempts lost
+// unrecorded, the task dead).
 func (m *model) crashedDuring(mt *mtask, runs []modelRun) bool {
+	last, recorded := mt.since, false
 	for _, c := range m.pgCrashes {
 		for _, r := range runs {
 			if r.inc == mt.inc && r.version == mt.version &&
 				r.claimedAt.After(c.from.Add(-modelSlow)) && r.claimedAt.Before(c.to) {
 				return true
 			}
+		}
+	}
+	for _, r := range runs {
+		if r.inc == mt.inc && r.version == mt.version {
+			last, recorded = r.claimedAt, true
+		}
+	}
+	if recorded && cleanRuns(mt, runs) {
+		return false
+	}
+	if !recorded {
+		last = time.Now()
+	}
+	for _, c := range m.pgCrashes {
+		if c.to.After(mt.since.Add(-modelSlow)) && c.from.Before(last) {
+			return true
 		}
 	}
 	return false
