@@ -62,7 +62,7 @@ test-short: servers ## The quick loop (under 2 minutes): -short -race, without t
 
 .PHONY: bench
 bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
-	$(GO) test -run '^$$' -bench . -benchmem ./delayq ./outbox ./internal/validate
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/dispatch ./outbox ./internal/validate
 	$(WITHSERVERS) app --durable -- $(GO) run $(DEVTAGS) ./cmd/delayq bench
 
 # Analyzers run with `go run module@version`: pinned, nothing installed.

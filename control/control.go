@@ -26,7 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
@@ -73,7 +73,7 @@ var (
 type Queues struct{ c *queuectl.Controller }
 
 // New returns the operations on db, in ob's schema, and on dq.
-func New(db DB, ob *outbox.Client, dq *delayq.Client) (*Queues, error) {
+func New(db DB, ob *outbox.Client, dq *dispatch.Client) (*Queues, error) {
 	if ob == nil {
 		return nil, errors.New("control: an outbox client is required")
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/control"
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -22,7 +22,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dq, err := delayq.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}), delayq.Config{})
+	dq, err := dispatch.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}), dispatch.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -24,10 +24,10 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // ErrInvalidConfig reports a Config New refuses (errors.Is).
@@ -39,7 +39,7 @@ type Config struct {
 	// DB is PostgreSQL (a *pgxpool.Pool), Redis the delayq client (its Config names
 	// the key prefix), Outbox the producer client (its Config names the schema).
 	DB     reconcile.DB
-	Redis  *delayq.Client
+	Redis  *dispatch.Client
 	Outbox *outbox.Client
 
 	// Token authenticates actions: at least 16 bytes.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/dashboard"
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -22,7 +22,7 @@ func TestMountedInAServeMux(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/dashboard"
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -27,7 +27,7 @@ func Example() {
 	defer pool.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := dispatch.New(rdb, dispatch.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func Example() {
 func ExampleNew_credentials() {
 	rdb := redis.NewClient(&redis.Options{}) // connects at first use
 	defer rdb.Close()
-	dq, _ := delayq.New(rdb, delayq.Config{})
+	dq, _ := dispatch.New(rdb, dispatch.Config{})
 	ob, _ := outbox.New(outbox.Config{})
 	pool, _ := pgxpool.New(context.Background(), "postgres://localhost/app") // connects at first use
 	defer pool.Close()

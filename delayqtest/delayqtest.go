@@ -30,9 +30,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/migrations"
@@ -67,7 +67,7 @@ type Env struct {
 	Prefix string
 	// DelayQ is a client on Redis with Prefix; Outbox an outbox client with the
 	// default configuration.
-	DelayQ *delayq.Client
+	DelayQ *dispatch.Client
 	Outbox *outbox.Client
 }
 
@@ -134,7 +134,7 @@ func New(t testing.TB, o Options) *Env {
 	}
 	e.Redis = redis.NewClient(opt)
 	t.Cleanup(func() { deletePrefix(e.Redis, e.Prefix); _ = e.Redis.Close() })
-	if e.DelayQ, err = delayq.New(e.Redis, delayq.Config{Prefix: e.Prefix}); err != nil {
+	if e.DelayQ, err = dispatch.New(e.Redis, dispatch.Config{Prefix: e.Prefix}); err != nil {
 		t.Fatalf("delayqtest: %v", err)
 	}
 	if e.Outbox, err = outbox.New(outbox.Config{}); err != nil {

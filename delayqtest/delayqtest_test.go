@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtest"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -177,7 +177,7 @@ func TestWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti[0].State == delayq.StateReady || ti[0].State == delayq.StateActive || ti[1].State != delayq.StateDead {
+	if ti[0].State == dispatch.StateReady || ti[0].State == dispatch.StateActive || ti[1].State != dispatch.StateDead {
 		t.Errorf("redis %+v", ti)
 	}
 	if msg := fatal(t, func(tb testing.TB) { e.Work(ctx, tb, w, "charge", "o-1") }); !strings.Contains(msg, "task charge/o-1 is done") {

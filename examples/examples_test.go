@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/relay"
 )
@@ -48,7 +48,7 @@ func setup(t *testing.T) servers {
 	s := servers{dbURL: testenv.PostgresURL(t), redisURL: testenv.OwnRedis(t).URL()}
 	s.pool = testenv.Pool(t, s.dbURL)
 	rdb := testenv.RedisClient(t, s.redisURL)
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := dispatch.New(rdb, dispatch.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/control"
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -30,7 +30,7 @@ func TestControlSyncRepairsAFailedWrite(t *testing.T) {
 	}
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = down.Close() })
-	dqDown, err := delayq.New(down, delayq.Config{Prefix: b.prefix})
+	dqDown, err := dispatch.New(down, dispatch.Config{Prefix: b.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestControlSyncRepairsAFailedWrite(t *testing.T) {
 		}
 	}
 	got, v, err := b.dq.Controls(ctx, "mail")
-	if err != nil || v != want.Version || got != (delayq.Controls{Rate: want.Rate, Shards: 3}) {
+	if err != nil || v != want.Version || got != (dispatch.Controls{Rate: want.Rate, Shards: 3}) {
 		t.Fatalf("Redis holds %+v at version %d (%v); want %+v at version %d", got, v, err, want, want.Version)
 	}
 }

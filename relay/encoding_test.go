@@ -9,11 +9,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // redisCopy is what Redis holds of one task: its hash (HGETALL), the hash
@@ -133,7 +133,7 @@ func TestEveryPathWritesTheSameTask(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, func() (bool, string) {
 		ti := b.info(t, q, id)
-		return ti.State == delayq.StateReady, "after the loss, in Redis: " + string(ti.State)
+		return ti.State == dispatch.StateReady, "after the loss, in Redis: " + string(ti.State)
 	})
 	if n := running.metric(t, "delayq_relay_redis_losses_total"); n != 1 {
 		t.Errorf("losses counted %v, want 1", n)
@@ -152,7 +152,7 @@ func TestEveryPathWritesTheSameTask(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.dq.RepairIf(ctx, q, delayq.Repair{Op: delayq.RepairKill, ID: id, Fingerprint: probes[0].Fingerprint, Error: "boom"}); err != nil || !ok[0] {
+	if ok, err := b.dq.RepairIf(ctx, q, dispatch.Repair{Op: dispatch.RepairKill, ID: id, Fingerprint: probes[0].Fingerprint, Error: "boom"}); err != nil || !ok[0] {
 		t.Fatalf("kill in Redis: %v %v", ok, err)
 	}
 	if err := reconcile.RetryDead(ctx, b.pool, reconcile.Options{}, q, id); err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -34,7 +34,7 @@ func Example() {
 	}
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := dispatch.New(rdb, dispatch.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

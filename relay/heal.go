@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 // Self-healing (docs/DESIGN.md, "Self-healing"). One relay of those sharing an
@@ -192,7 +192,7 @@ type healer struct {
 	r         *Relay
 	conn      *pgxpool.Conn
 	pass      *reconcile.Pass
-	marks     []delayq.Epoch
+	marks     []dispatch.Epoch
 	lastCheck time.Time
 	checks    int  // loss checks made in this term
 	urgent    bool // a loss was detected: the current pass runs at full speed
@@ -213,7 +213,7 @@ func (h *healer) check(ctx context.Context) error {
 	// identity every nodeCheckEvery checks (a topology read, INFO on a single
 	// server): a flush or a restart without persistence shows within one check, a
 	// failover or a restart with persistence within a few.
-	var now []delayq.Epoch
+	var now []dispatch.Epoch
 	var err error
 	h.checks++
 	if h.checks%nodeCheckEvery == 0 {
@@ -234,7 +234,7 @@ func (h *healer) check(ctx context.Context) error {
 	// well.
 	var lost, changed []string
 	for _, e := range now {
-		i := slices.IndexFunc(h.marks, func(m delayq.Epoch) bool { return m.Shard == e.Shard })
+		i := slices.IndexFunc(h.marks, func(m dispatch.Epoch) bool { return m.Shard == e.Shard })
 		switch {
 		case i < 0 || e.Value != h.marks[i].Value:
 			lost = append(lost, e.Shard)

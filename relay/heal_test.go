@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -55,7 +55,7 @@ func TestSelfHealsAfterFlush(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, func() (bool, string) {
 		for _, task := range tasks {
-			if ti := b.info(t, task.Queue, task.ID); ti.State != delayq.StateReady {
+			if ti := b.info(t, task.Queue, task.ID); ti.State != dispatch.StateReady {
 				return false, fmt.Sprintf("%s/%s in Redis: %s", task.Queue, task.ID, ti.State)
 			}
 		}
@@ -93,7 +93,7 @@ func TestAntiEntropyRepairsADivergence(t *testing.T) {
 	b.rdb.ZRem(ctxT(t), k.Ready, "x")
 	eventually(t, 10*time.Second, func() (bool, string) {
 		ti := b.info(t, "q", "x")
-		return ti.State == delayq.StateReady, "q/x in Redis: " + string(ti.State)
+		return ti.State == dispatch.StateReady, "q/x in Redis: " + string(ti.State)
 	})
 	// The count follows the repair's step by a moment.
 	eventually(t, 5*time.Second, func() (bool, string) {

@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -31,7 +31,7 @@ type testBundle struct {
 	pool   *pgxpool.Pool // the producers' pool
 	rdb    redis.UniversalClient
 	prefix string
-	dq     *delayq.Client
+	dq     *dispatch.Client
 	ob     *outbox.Client
 }
 
@@ -44,7 +44,7 @@ func setup(t testing.TB) testBundle {
 func newBundle(t testing.TB, rdb redis.UniversalClient, prefix string) testBundle {
 	t.Helper()
 	url := testenv.PostgresURL(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,13 +68,13 @@ func (b testBundle) start(t *testing.T, cfg relay.Config) running {
 	return b.startDQ(t, b.dq, cfg)
 }
 
-func (b testBundle) startDQ(t *testing.T, dq *delayq.Client, cfg relay.Config) running {
+func (b testBundle) startDQ(t *testing.T, dq *dispatch.Client, cfg relay.Config) running {
 	t.Helper()
 	return startOn(t, testenv.Pool(t, b.url), dq, cfg)
 }
 
 // startOn runs a relay on pool and dq until the test ends, as start does.
-func startOn(t *testing.T, pool relay.DB, dq *delayq.Client, cfg relay.Config) running {
+func startOn(t *testing.T, pool relay.DB, dq *dispatch.Client, cfg relay.Config) running {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
@@ -293,7 +293,7 @@ func (b testBundle) ready(t *testing.T, queue string) []string {
 }
 
 // info inspects one task in Redis.
-func (b testBundle) info(t *testing.T, queue, id string) delayq.TaskInfo {
+func (b testBundle) info(t *testing.T, queue, id string) dispatch.TaskInfo {
 	t.Helper()
 	ti, err := b.dq.Inspect(ctxT(t), queue, id)
 	if err != nil {

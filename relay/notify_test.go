@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -320,7 +320,7 @@ func (b testBundle) waitInRedis(t *testing.T, since time.Time, timeout time.Dura
 	t.Helper()
 	eventually(t, timeout, func() (bool, string) {
 		s := b.info(t, queue, id).State
-		return s != delayq.StateMissing, fmt.Sprintf("%s/%s %s in Redis %v after its commit", queue, id, s, time.Since(since))
+		return s != dispatch.StateMissing, fmt.Sprintf("%s/%s %s in Redis %v after its commit", queue, id, s, time.Since(since))
 	})
 	return time.Since(since)
 }

@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 // Observer receives a Relay's events, in the manner of pgx's tracers: the
@@ -31,7 +31,7 @@ type MoveEvent struct {
 	Added, Duplicate, Replaced, Invalid int
 	// Tasks are the tasks written to Redis, by queue (Invalid rows are not among
 	// them). The Observer must not change or keep them.
-	Tasks []delayq.QueueTasks
+	Tasks []dispatch.QueueTasks
 	// Start is when the round began; Duration covers select, Redis write, update
 	// and commit.
 	Start    time.Time

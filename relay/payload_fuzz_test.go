@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -37,7 +37,7 @@ func FuzzPayloadThroughRelay(f *testing.F) {
 	ctx := context.Background()
 	pool := testenv.Postgres(f)
 	rdb, prefix := testenv.Redis(f)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, MaxPayloadBytes: fuzzMaxPayload, DoneRetention: -1})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, MaxPayloadBytes: fuzzMaxPayload, DoneRetention: -1})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func FuzzPayloadThroughRelay(f *testing.F) {
 // due "now" on the database clock may still lie a fraction of a millisecond ahead
 // for Redis (due times round up to the millisecond), so the first claim can find
 // it not yet due. It then waits for the NextDue that claim reported.
-func claimWhenDue(ctx context.Context, t *testing.T, dq *delayq.Client, queue string) delayq.Claim {
+func claimWhenDue(ctx context.Context, t *testing.T, dq *dispatch.Client, queue string) dispatch.Claim {
 	t.Helper()
 	for {
 		cl, err := dq.Claim(ctx, queue, 10, time.Minute)

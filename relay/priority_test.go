@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // A task's priority goes from the outbox to Redis with the relay (EnqueueMany and
@@ -68,7 +68,7 @@ func TestPriorityFromOutboxToRedisAndBack(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for _, tk := range append(append(slices.Clone(tasks), one, later), dead) {
-			if ti := b.info(t, "q", tk.ID); ti.Priority != tk.Priority || ti.State != delayq.StateReady {
+			if ti := b.info(t, "q", tk.ID); ti.Priority != tk.Priority || ti.State != dispatch.StateReady {
 				t.Fatalf("%s: %s in Redis: %+v, want ready with priority %d", when, tk.ID, ti, tk.Priority)
 			}
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 // ControlSyncInterval is how often the relay writes the queue controls (pause,

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -26,7 +26,7 @@ import (
 // finished rows. Create it with New and start it with Run.
 type Relay struct {
 	pool  DB
-	dq    *delayq.Client
+	dq    *dispatch.Client
 	cfg   Config
 	sql   taskstate.Statements // reads
 	ops   *transition.Ops      // every write of a task's state
@@ -67,7 +67,7 @@ var _ DB = (*pgxpool.Pool)(nil)
 // New returns a Relay on pool (the outbox database: a *pgxpool.Pool, or anything
 // that is a DB) and dq (the Redis side). cfg is completed with WithDefaults and
 // validated; the metrics are registered on cfg.Registerer.
-func New(pool DB, dq *delayq.Client, cfg Config) (*Relay, error) {
+func New(pool DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
 	if pool == nil || dq == nil {
 		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
 	}
@@ -265,7 +265,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 
 	// Group by queue, keeping run_at order; set aside rows Redis would refuse.
 	var (
-		batches      []delayq.QueueTasks
+		batches      []dispatch.QueueTasks
 		byQueue      = map[string]int{}
 		bad          []pgtype.TID
 		badID, badEr []string
@@ -283,7 +283,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 		if !ok {
 			i = len(batches)
 			byQueue[x.Queue] = i
-			batches = append(batches, delayq.QueueTasks{Queue: x.Queue, Shards: x.Shards})
+			batches = append(batches, dispatch.QueueTasks{Queue: x.Queue, Shards: x.Shards})
 		}
 		batches[i].Tasks = append(batches[i].Tasks, t)
 	}
@@ -311,11 +311,11 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 	for _, st := range statuses {
 		for _, s := range st {
 			switch s {
-			case delayq.Added:
+			case dispatch.Added:
 				added++
-			case delayq.Duplicate:
+			case dispatch.Duplicate:
 				dup++
-			case delayq.Replaced:
+			case dispatch.Replaced:
 				repl++
 			}
 		}
@@ -338,7 +338,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 // mirror write has not landed) the controls are mirrored first; a shard that
 // refuses the count (ErrShardCount: it holds another) gets them mirrored too, and
 // the calls go once more.
-func (r *Relay) enqueue(ctx context.Context, tx pgx.Tx, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
+func (r *Relay) enqueue(ctx context.Context, tx pgx.Tx, batches []dispatch.QueueTasks) ([][]dispatch.EnqueueStatus, error) {
 	for _, b := range batches {
 		if b.Shards == 0 {
 			continue // the role may not read the counts: routed by Redis's
@@ -350,7 +350,7 @@ func (r *Relay) enqueue(ctx context.Context, tx pgx.Tx, batches []delayq.QueueTa
 		}
 	}
 	statuses, err := r.ops.Move(ctx, tx, batches)
-	if errors.Is(err, delayq.ErrShardCount) {
+	if errors.Is(err, dispatch.ErrShardCount) {
 		r.mirrorControls(ctx)
 		statuses, err = r.ops.Move(ctx, tx, batches)
 	}
@@ -405,7 +405,7 @@ func (r *Relay) mayNotReadShards(err error) error {
 }
 
 // sawQueues adds the queues a round moved tasks into to the reaper's list.
-func (r *Relay) sawQueues(batches []delayq.QueueTasks) {
+func (r *Relay) sawQueues(batches []dispatch.QueueTasks) {
 	r.queuesMu.Lock()
 	defer r.queuesMu.Unlock()
 	for _, b := range batches {

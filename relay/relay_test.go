@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -43,11 +43,11 @@ func TestRelayMovesRows(t *testing.T) {
 		t.Errorf("mail ready = %v", got)
 	}
 	soon := b.info(t, "pay", "soon")
-	if soon.State != delayq.StateReady || !soon.Score.Equal(ceilMilli(now.Add(10*time.Minute))) ||
+	if soon.State != dispatch.StateReady || !soon.Score.Equal(ceilMilli(now.Add(10*time.Minute))) ||
 		soon.MaxAttempts != 3 || soon.Version != 1 || string(soon.Payload) != "p" {
 		t.Errorf("pay/soon in Redis = %+v", soon)
 	}
-	if st := b.info(t, "pay", "later").State; st != delayq.StateMissing {
+	if st := b.info(t, "pay", "later").State; st != dispatch.StateMissing {
 		t.Errorf("pay/later (beyond the horizon) in Redis: %s", st)
 	}
 	if b.state(t, "pay", "later") != "pending" {
@@ -221,7 +221,7 @@ func TestFailureAfterRedisWrite(t *testing.T) {
 		t.Errorf("Redis holds %v, want %v once each", got, ids)
 	}
 	for _, id := range ids {
-		if ti := b.info(t, "q", id); ti.State != delayq.StateReady || ti.Attempt != 0 {
+		if ti := b.info(t, "q", id); ti.State != dispatch.StateReady || ti.Attempt != 0 {
 			t.Errorf("q/%s in Redis: %+v", id, ti)
 		}
 	}
@@ -322,7 +322,7 @@ func TestHorizon(t *testing.T) {
 		outbox.Task{Queue: "q", ID: "later", Payload: []byte("x"), Delay: 1500 * time.Millisecond},
 	)
 	b.waitStates(t, 10*time.Second, map[string]int{"pending": 1, "queued": 1})
-	if st := b.info(t, "q", "later").State; st != delayq.StateMissing {
+	if st := b.info(t, "q", "later").State; st != dispatch.StateMissing {
 		t.Fatalf("q/later in Redis before it came within the horizon: %s", st)
 	}
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 2})
@@ -334,7 +334,7 @@ func TestHorizon(t *testing.T) {
 	if early := runAt.Sub(queuedAt); early > horizon || early < 0 {
 		t.Errorf("q/later relayed %v before its run_at, want within the horizon (0..%v)", early, horizon)
 	}
-	if ti := b.info(t, "q", "later"); ti.State != delayq.StateReady || !ti.Score.Equal(ceilMilli(runAt)) {
+	if ti := b.info(t, "q", "later"); ti.State != dispatch.StateReady || !ti.Score.Equal(ceilMilli(runAt)) {
 		t.Errorf("q/later in Redis: %+v, want ready at %v", ti, runAt)
 	}
 }
@@ -360,7 +360,7 @@ func TestRolledBackEnqueue(t *testing.T) {
 	if got := b.ready(t, "q"); !slices.Equal(got, []string{"committed"}) {
 		t.Errorf("Redis holds %v, want only the committed task", got)
 	}
-	if st := b.info(t, "q", "rolled-back").State; st != delayq.StateMissing {
+	if st := b.info(t, "q", "rolled-back").State; st != dispatch.StateMissing {
 		t.Errorf("rolled-back task in Redis: %s", st)
 	}
 	if a := rl.metric(t, "delayq_relay_rows_total", "result", "added"); a != 1 {
@@ -436,7 +436,7 @@ func TestReaper(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	b := newBundle(t, rdb, prefix)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: time.Millisecond})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,12 +468,12 @@ func TestReaper(t *testing.T) {
 	if err := b.pool.QueryRow(ctxT(t), `SELECT last_error, attempt FROM delayq_outbox WHERE task_id = 'dies'`).Scan(&lastErr, &attempt); err != nil {
 		t.Fatal(err)
 	}
-	if lastErr != delayq.LeaseExpiredError || attempt != 1 {
-		t.Errorf("q/dies: last_error %q, attempt %d; want %q, 1", lastErr, attempt, delayq.LeaseExpiredError)
+	if lastErr != dispatch.LeaseExpiredError || attempt != 1 {
+		t.Errorf("q/dies: last_error %q, attempt %d; want %q, 1", lastErr, attempt, dispatch.LeaseExpiredError)
 	}
 	eventually(t, 10*time.Second, func() (bool, string) {
 		ti := b.info(t, "q", "retries")
-		return ti.State == delayq.StateReady, fmt.Sprintf("q/retries in Redis: %s", ti.State)
+		return ti.State == dispatch.StateReady, fmt.Sprintf("q/retries in Redis: %s", ti.State)
 	})
 	if st := b.state(t, "q", "retries"); st != "queued" {
 		t.Errorf("q/retries in Postgres: %s, want queued", st)
@@ -483,7 +483,7 @@ func TestReaper(t *testing.T) {
 	// without an end, as a Redis-first reaper left).
 	eventually(t, 10*time.Second, func() (bool, string) {
 		ti := b.info(t, "q", "done")
-		return ti.State == delayq.StateMissing, fmt.Sprintf("q/done in Redis: %s", ti.State)
+		return ti.State == dispatch.StateMissing, fmt.Sprintf("q/done in Redis: %s", ti.State)
 	})
 	if st := b.state(t, "q", "done"); st != "done" {
 		t.Errorf("q/done in Postgres: %s, want done (the guard keeps finished rows)", st)
@@ -532,7 +532,7 @@ func TestPoisonRowsSetDead(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	b := newBundle(t, rdb, prefix)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, MaxPayloadBytes: 16})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, MaxPayloadBytes: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -792,7 +792,7 @@ func TestRelayRoundLostInCrash(t *testing.T) {
 				n := rl.metric(t, "delayq_relay_rows_total", "result", "duplicate")
 				return n == dups+1, fmt.Sprintf("%v duplicates, want %v: the lost round's task should be in Redis already", n, dups+1)
 			})
-			if ti := b.info(t, "q", id); ti.State != delayq.StateReady || ti.Attempt != 0 || ti.Version != 1 {
+			if ti := b.info(t, "q", id); ti.State != dispatch.StateReady || ti.Attempt != 0 || ti.Version != 1 {
 				t.Errorf("q/%s in Redis after the lost round was moved again: %+v", id, ti)
 			}
 			break

@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -49,7 +49,7 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 	}
 	b.enqueue(t, tasks...)
 
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: b.prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: b.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,9 +71,9 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 		return age > 0, "no self-healing pass completed"
 	})
 
-	layout := make([]delayq.Keys, 3)
+	layout := make([]dispatch.Keys, 3)
 	for k := range layout {
-		if layout[k], err = delayq.ShardKeys(b.prefix, queue, k, 3); err != nil {
+		if layout[k], err = dispatch.ShardKeys(b.prefix, queue, k, 3); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +86,7 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 				in = append(in, k)
 			}
 		}
-		if want := []int{delayq.ShardOf(id, 3)}; !slices.Equal(in, want) {
+		if want := []int{dispatch.ShardOf(id, 3)}; !slices.Equal(in, want) {
 			t.Errorf("%s: task hash in shards %v, want %v only", id, in, want)
 		}
 	}
@@ -95,7 +95,7 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 		mu   sync.Mutex
 		runs = map[string]int{}
 	)
-	wdq, err := delayq.New(rdb, delayq.Config{Prefix: b.prefix})
+	wdq, err := dispatch.New(rdb, dispatch.Config{Prefix: b.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

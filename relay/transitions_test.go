@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -28,7 +28,7 @@ func TestRescheduleLaterReplacesTheOldVersionAtOnce(t *testing.T) {
 			b.start(t, relay.Config{PollInterval: time.Minute})
 			b.enqueue(t, outbox.Task{Queue: "q", ID: "x", Payload: []byte("p"), Delay: 1500 * time.Millisecond})
 			b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
-			if ti := b.info(t, "q", "x"); ti.State != delayq.StateReady || ti.Version != 1 {
+			if ti := b.info(t, "q", "x"); ti.State != dispatch.StateReady || ti.Version != 1 {
 				t.Fatalf("before the reschedule: %+v", ti)
 			}
 			runAt := time.Now().Add(later)
@@ -40,7 +40,7 @@ func TestRescheduleLaterReplacesTheOldVersionAtOnce(t *testing.T) {
 				return ti.Version == 2, fmt.Sprintf("Redis holds %+v, want version 2", ti)
 			})
 			ti := b.info(t, "q", "x")
-			if d := ti.Score.Sub(runAt); ti.State != delayq.StateReady || d < -time.Millisecond || d > time.Millisecond {
+			if d := ti.Score.Sub(runAt); ti.State != dispatch.StateReady || d < -time.Millisecond || d > time.Millisecond {
 				t.Errorf("version 2 in Redis: %+v, want ready at %v", ti, runAt)
 			}
 			// The relay's move writes Redis before it commits the row's state
@@ -60,7 +60,7 @@ func TestReusedIDAfterPruneRuns(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	b := newBundle(t, rdb, prefix)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, DoneRetention: time.Hour})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, DoneRetention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestReusedIDAfterPruneRuns(t *testing.T) {
 	if err := dq.Complete(ctxT(t), "q", "x", cl.Tasks[0].Token); err != nil {
 		t.Fatal(err)
 	}
-	if ti := b.info(t, "q", "x"); ti.State != delayq.StateDone {
+	if ti := b.info(t, "q", "x"); ti.State != dispatch.StateDone {
 		t.Fatalf("first life in Redis: %+v, want its done record", ti)
 	}
 	// Retention deletes the finished row; the id is free again.
@@ -83,7 +83,7 @@ func TestReusedIDAfterPruneRuns(t *testing.T) {
 	}
 	b.enqueue(t, task("q", "x"))
 	b.waitStates(t, 10*time.Second, map[string]int{"queued": 1})
-	if ti := b.info(t, "q", "x"); ti.State != delayq.StateReady || ti.Version != 1 {
+	if ti := b.info(t, "q", "x"); ti.State != dispatch.StateReady || ti.Version != 1 {
 		t.Fatalf("second life in Redis: %+v, want ready", ti)
 	}
 	if cl := claimWhenDue(ctxT(t), t, dq, "q"); len(cl.Tasks) != 1 || cl.Tasks[0].ID != "x" {
@@ -98,7 +98,7 @@ func TestReaperVisitsEveryRegisteredQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := ctxT(t)
-	if _, err := b.dq.Enqueue(ctx, "idle", delayq.Task{ID: "x", Payload: []byte("p"), MaxAttempts: 3}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "idle", dispatch.Task{ID: "x", Payload: []byte("p"), MaxAttempts: 3}); err != nil {
 		t.Fatal(err)
 	}
 	cl := claimWhenDue(ctx, t, b.dq, "idle")
@@ -110,7 +110,7 @@ func TestReaperVisitsEveryRegisteredQueue(t *testing.T) {
 	b.start(t, relay.Config{ReapInterval: 20 * time.Millisecond})
 	eventually(t, 10*time.Second, func() (bool, string) {
 		ti := b.info(t, "idle", "x")
-		return ti.State == delayq.StateReady, fmt.Sprintf("idle/x in Redis: %+v, want requeued", ti)
+		return ti.State == dispatch.StateReady, fmt.Sprintf("idle/x in Redis: %+v, want requeued", ti)
 	})
 }
 
@@ -145,6 +145,6 @@ func TestReaperSettlesAfterARestart(t *testing.T) {
 	})
 	eventually(t, 5*time.Second, func() (bool, string) {
 		ti := b.info(t, "q", "x")
-		return ti.State == delayq.StateDead && ti.LastError == delayq.LeaseExpiredError, fmt.Sprintf("Redis holds %+v", ti)
+		return ti.State == dispatch.StateDead && ti.LastError == dispatch.LeaseExpiredError, fmt.Sprintf("Redis holds %+v", ti)
 	})
 }

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/internal/bench"
+	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // benchSummary is bench's line in the command list.
@@ -35,7 +35,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	scale := fs.Float64("scale", 1, "multiply every workload's task count (1 = documented size)")
 	controls := fs.Bool("claim-controls", false, "give the workloads' queue a rate limit that never binds (10^6/s): the claim script's cost with its limiter at work")
 	rateBurst := fs.Int("rate-burst", 0, "the rate-limit workload's burst (0: the default, 100ms of starts at the limit)")
-	shards := fs.Int("shards", 0, fmt.Sprintf("the sharded workload's shard count (0: 3; at most %d)", delayq.MaxShards))
+	shards := fs.Int("shards", 0, fmt.Sprintf("the sharded workload's shard count (0: 3; at most %d)", dispatch.MaxShards))
 	relayRate := fs.Int("relay-rate", 0, "the relay workload's steady load while its lag is measured, tasks a second for 10s (0: 2000; at most 20000)")
 	var soak bench.Soak
 	fs.IntVar(&soak.Rate, "soak-rate", 0, "soak: tasks committed a second (0: 500 times --scale)")
@@ -53,8 +53,8 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	if *scale <= 0 || *scale > 10 {
 		return usagef("--scale %v: want 0 < scale <= 10", *scale)
 	}
-	if *shards < 0 || *shards > delayq.MaxShards {
-		return usagef("--shards %d: want 0..%d", *shards, delayq.MaxShards)
+	if *shards < 0 || *shards > dispatch.MaxShards {
+		return usagef("--shards %d: want 0..%d", *shards, dispatch.MaxShards)
 	}
 	if *relayRate < 0 || *relayRate > 20000 {
 		return usagef("--relay-rate %d: want 0..20000", *relayRate)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 func runCheck(ctx context.Context, m *Main, args []string) error {

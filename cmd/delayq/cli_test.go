@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // cliResult is what one run of a command printed and returned.
@@ -67,14 +67,14 @@ type cliBundle struct {
 	prefix string
 	pool   *pgxpool.Pool
 	rdb    *redis.Client
-	dq     *delayq.Client
+	dq     *dispatch.Client
 }
 
 func newCLIBundle(t *testing.T) cliBundle {
 	t.Helper()
 	url := testenv.PostgresURL(t)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestEnqueueCancelRescheduleCommands(t *testing.T) {
 	}
 
 	// Cancel: also removed from Redis at once.
-	if _, err := b.dq.Enqueue(context.Background(), "mail", delayq.Task{ID: "m-1", Version: 2}); err != nil {
+	if _, err := b.dq.Enqueue(context.Background(), "mail", dispatch.Task{ID: "m-1", Version: 2}); err != nil {
 		t.Fatal(err)
 	}
 	b.run(t, "cancel", "--queue", "mail", "--id", "m-1", "--prefix", b.prefix).
@@ -174,7 +174,7 @@ func TestReconcileCheckStatsCommands(t *testing.T) {
 	// Three queued rows that Redis lost, and a Redis orphan.
 	b.exec(t, `INSERT INTO delayq_outbox (queue, task_id, run_at, payload, max_attempts, state, attempt)
 SELECT 'pay', 'o-' || i, now() - interval '1 minute', 'p', 5, 'queued', 1 FROM generate_series(1, 3) AS i`)
-	if _, err := b.dq.Enqueue(context.Background(), "pay", delayq.Task{ID: "orphan"}); err != nil {
+	if _, err := b.dq.Enqueue(context.Background(), "pay", dispatch.Task{ID: "orphan"}); err != nil {
 		t.Fatal(err)
 	}
 	p := []string{"--prefix", b.prefix}
@@ -269,7 +269,7 @@ SELECT 'pay', 'd-' || i, now(), 'p', 3, 'dead', 3, 'card declined
 	r.oneLineErr(t, "add --yes")
 	b.run(t, append([]string{"dead", "purge", "--yes", "--queue", "pay", "d-3"}, p...)...).want(t, exitOK, "purged pay/d-3")
 	b.run(t, append([]string{"dead", "purge", "--yes"}, p...)...).want(t, exitOK, "purged 1 dead tasks")
-	if info, _ := b.dq.Inspect(context.Background(), "pay", "d-4"); info[0].State != delayq.StateMissing {
+	if info, _ := b.dq.Inspect(context.Background(), "pay", "d-4"); info[0].State != dispatch.StateMissing {
 		t.Errorf("d-4 still in Redis: %+v", info[0])
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 const deadUsage = `Usage: delayq dead list|retry|purge [flags]

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -167,7 +167,7 @@ func (c *connFlags) openRedis(ctx context.Context) (redis.UniversalClient, error
 type sidecarDeps struct {
 	pool *pgxpool.Pool
 	rdb  redis.UniversalClient
-	dq   *delayq.Client
+	dq   *dispatch.Client
 	reg  *prometheus.Registry
 }
 
@@ -181,7 +181,7 @@ func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*side
 		pool.Close()
 		return nil, err
 	}
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: c.prefix, Logger: logger})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: c.prefix, Logger: logger})
 	if err != nil {
 		pool.Close()
 		_ = rdb.Close()

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
@@ -163,7 +163,7 @@ func TestLimitsAgree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ti[0].State != delayq.StateReady || !bytes.Equal(ti[0].Payload, a.payload) || ti[0].MaxAttempts != a.maxAttempts {
+		if ti[0].State != dispatch.StateReady || !bytes.Equal(ti[0].Payload, a.payload) || ti[0].MaxAttempts != a.maxAttempts {
 			t.Errorf("%s/%.20s… in Redis: %s, %d payload bytes, max attempts %d; want ready, %d, %d",
 				a.queue, a.id, ti[0].State, len(ti[0].Payload), ti[0].MaxAttempts, len(a.payload), a.maxAttempts)
 		}

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/control"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 const queueUsage = `Usage: delayq queue <action> [flags]

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -242,7 +242,7 @@ func TestQueueShardsCommand(t *testing.T) {
 	}
 
 	// A task in Redis only (enqueued there directly: no row): refused too.
-	if _, err := b.dq.Enqueue(ctx, "direct", delayq.Task{ID: "d-1", RunAt: time.Now().Add(time.Hour)}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "direct", dispatch.Task{ID: "d-1", RunAt: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	r = b.run(t, pre("direct", "2")...)

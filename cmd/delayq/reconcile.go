@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 func runReconcile(ctx context.Context, m *Main, args []string) error {
@@ -214,7 +214,7 @@ func parseArgs(fs *flagSet, args []string, want int) error {
 // with needRedis, to Redis. closeAll closes what was opened. Every mistake in the
 // input is found before anything connects.
 func openStores(ctx context.Context, conn *connFlags, opts reconcile.Options, needRedis bool) (
-	pool *pgxpool.Pool, dq *delayq.Client, closeAll func(), err error,
+	pool *pgxpool.Pool, dq *dispatch.Client, closeAll func(), err error,
 ) {
 	if err := opts.Validate(); err != nil {
 		return nil, nil, nil, usagef("%s", strings.TrimPrefix(err.Error(), reconcile.ErrInvalidOptions.Error()+": "))
@@ -262,7 +262,7 @@ func checkRedisFlags(conn *connFlags) error {
 // openDelayq connects to Redis and returns a delayq client on it. go-redis logs
 // every failed dial on its own logger (standard error) before it returns the
 // error, so a plain TCP dial first turns an unreachable server into one error line.
-func openDelayq(ctx context.Context, conn *connFlags) (redis.UniversalClient, *delayq.Client, error) {
+func openDelayq(ctx context.Context, conn *connFlags) (redis.UniversalClient, *dispatch.Client, error) {
 	if _, network, addr, err := parseRedisURL(conn.redisURL); err == nil {
 		d := net.Dialer{Timeout: 10 * time.Second}
 		c, err := d.DialContext(ctx, network, addr)
@@ -276,7 +276,7 @@ func openDelayq(ctx context.Context, conn *connFlags) (redis.UniversalClient, *d
 	if err != nil {
 		return nil, nil, err
 	}
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: conn.prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: conn.prefix})
 	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, usagef("%v", err)

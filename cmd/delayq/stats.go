@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayqtype"
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 func runStats(ctx context.Context, m *Main, args []string) error {

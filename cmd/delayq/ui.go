@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -103,7 +103,7 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 		schema, prefix = "delayq_ui_demo_"+suffix, "dquidemo."+suffix
 		defer cleanupDemo(pool, rdb, schema, prefix)
 	}
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: 100 * time.Millisecond})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, ReapBackoffBase: 100 * time.Millisecond})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -155,7 +155,7 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 // startDemoWorkload migrates the demo's schema and runs, until ctx ends, a relay,
 // workers and a producer: orders charged a few seconds after they are placed,
 // one in ten failing once, one in fifty dying (for the dead letters), and emails.
-func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, dq *delayq.Client, ob *outbox.Client, schema string) error {
+func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, dq *dispatch.Client, ob *outbox.Client, schema string) error {
 	db := migrations.OpenDBFromPool(pool)
 	_, err := migrations.Up(ctx, db, migrations.Config{Schema: schema})
 	db.Close()

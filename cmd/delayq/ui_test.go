@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // startUI runs delayq ui in-process on a free port until the test ends and
@@ -82,8 +82,8 @@ func TestUICountsEqualStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Redis counts too: tasks due now, later and overdue, straight into Redis.
-	if _, err := b.dq.Enqueue(ctx, "q1", delayq.Task{ID: "r1"}, delayq.Task{ID: "r2", RunAt: time.Now().Add(time.Hour)},
-		delayq.Task{ID: "r3", RunAt: time.Now().Add(-2 * time.Minute)}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "q1", dispatch.Task{ID: "r1"}, dispatch.Task{ID: "r2", RunAt: time.Now().Add(time.Hour)},
+		dispatch.Task{ID: "r3", RunAt: time.Now().Add(-2 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	r := b.run(t, "stats", "--json", "--prefix", b.prefix)

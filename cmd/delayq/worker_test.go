@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -99,7 +99,7 @@ func TestWorkerCommandRunsTasks(t *testing.T) {
 	url := testenv.PostgresURL(t)
 	pool := testenv.Pool(t, url)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestWorkerCommandRunsTasks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dq.Enqueue(ctx, "jobs", delayq.Task{ID: id, Payload: []byte("payload of " + id), RunAt: res.RunAt}); err != nil {
+		if _, err := dq.Enqueue(ctx, "jobs", dispatch.Task{ID: id, Payload: []byte("payload of " + id), RunAt: res.RunAt}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -212,7 +212,7 @@ esac`
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti[0].State != delayq.StateMissing || ti[1].State != delayq.StateDead || ti[2].State != delayq.StateReady {
+	if ti[0].State != dispatch.StateMissing || ti[1].State != dispatch.StateDead || ti[2].State != dispatch.StateReady {
 		t.Errorf("Redis states %s %s %s; want missing (acknowledged) dead ready", ti[0].State, ti[1].State, ti[2].State)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/transition"
 )
 
@@ -168,7 +168,7 @@ func (w *Worker) acked(a ackItem, err error) {
 }
 
 func leaseLost(t *Task) error {
-	return fmt.Errorf("delayq: complete %s/%s: %w", t.Queue, t.ID, delayq.ErrLeaseLost)
+	return fmt.Errorf("delayq: complete %s/%s: %w", t.Queue, t.ID, dispatch.ErrLeaseLost)
 }
 
 // acknowledge completes the run's task in Redis through the batch and waits for

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -47,7 +47,7 @@ func TestHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{Prefix: os.Getenv(helperPrefixEnv)})
+	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{Prefix: os.Getenv(helperPrefixEnv)})
 	if err != nil {
 		t.Fatal(err)
 	}

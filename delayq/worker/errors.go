@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -24,7 +24,7 @@ var (
 	// ErrLeaseLost is the cause (context.Cause) of a handler's context cancelled
 	// because the worker no longer holds the task's lease: it expired and was
 	// reaped, or the task was rescheduled or removed. It is delayq.ErrLeaseLost.
-	ErrLeaseLost = delayq.ErrLeaseLost
+	ErrLeaseLost = dispatch.ErrLeaseLost
 	// ErrShutdown is the cause (context.Cause) of a handler's context cancelled
 	// because the worker is shutting down and Config.ShutdownTimeout has passed.
 	// The task's lease is given back and it runs again at once, elsewhere.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -145,7 +145,7 @@ func TestSlowHandlerLosesLeaseSecondWorkerTakesOver(t *testing.T) {
 	if r := b.row(t, "slow", "x"); r.state != "done" {
 		t.Errorf("outbox state %s", r.state)
 	}
-	if ti := b.info(t, "slow", "x"); ti.State != delayq.StateMissing {
+	if ti := b.info(t, "slow", "x"); ti.State != dispatch.StateMissing {
 		t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 	}
 }
@@ -176,7 +176,7 @@ func TestAckFailsAfterCommitRedeliverySuppressed(t *testing.T) {
 	if r := b.row(t, "ack", "x"); r.state != "done" {
 		t.Fatalf("outbox state %s after the commit", r.state)
 	}
-	if ti := b.info(t, "ack", "x"); ti.State != delayq.StateActive {
+	if ti := b.info(t, "ack", "x"); ti.State != dispatch.StateActive {
 		t.Fatalf("Redis state %s, want still active (the ack failed)", ti.State)
 	}
 	f := h.expect(t, "x", outSuppressed)
@@ -189,7 +189,7 @@ func TestAckFailsAfterCommitRedeliverySuppressed(t *testing.T) {
 	if got := b.count(t, `SELECT count(*) FROM effects`); got != 1 {
 		t.Errorf("%d effect rows, want 1", got)
 	}
-	if ti := b.info(t, "ack", "x"); ti.State != delayq.StateMissing {
+	if ti := b.info(t, "ack", "x"); ti.State != dispatch.StateMissing {
 		t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 	}
 	if s := h.w.Stats(); s.Succeeded != 1 || s.Suppressed != 1 {
@@ -218,7 +218,7 @@ func TestRelayRollsBackAfterWorkerClaimed(t *testing.T) {
 		ORDER BY run_at LIMIT 10 FOR UPDATE SKIP LOCKED`).Scan(&runAt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.dq.Enqueue(ctx, "rb", delayq.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 1}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "rb", dispatch.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := relay.Exec(ctx, `UPDATE delayq_outbox SET state = 'queued', queued_at = now() WHERE queue = 'rb' AND task_id = 'x'`); err != nil {
@@ -260,7 +260,7 @@ func TestRelayRollsBackAfterWorkerClaimed(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM delayq_outbox WHERE state = 'pending'`); n != 0 {
 		t.Errorf("%d rows pending for the relay", n)
 	}
-	if _, err := b.dq.Enqueue(ctx, "rb", delayq.Task{ID: "x", Payload: []byte("p"), Version: 1}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "rb", dispatch.Task{ID: "x", Payload: []byte("p"), Version: 1}); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, "x", outSuppressed)
@@ -290,7 +290,7 @@ func TestCancelledTaskSuppressed(t *testing.T) {
 		if r := b.row(t, "c", "x"); r.state != "cancelled" {
 			t.Errorf("outbox state %s", r.state)
 		}
-		if ti := b.info(t, "c", "x"); ti.State != delayq.StateMissing {
+		if ti := b.info(t, "c", "x"); ti.State != dispatch.StateMissing {
 			t.Errorf("Redis state %s, want gone (acknowledged)", ti.State)
 		}
 	})
@@ -342,15 +342,15 @@ func TestRescheduledWhileRunningStaleCopyAcknowledged(t *testing.T) {
 		}
 		close(proceed)
 		h.expect(t, "x", outSuppressed)
-		if ti := b.info(t, "rs", "x"); ti.State != delayq.StateMissing {
+		if ti := b.info(t, "rs", "x"); ti.State != dispatch.StateMissing {
 			t.Fatalf("stale copy: %+v, want gone (acknowledged, not given back to run again)", ti)
 		}
 		if r := b.row(t, "rs", "x"); r.state == "done" {
 			t.Fatalf("the stale run completed the rescheduled row")
 		}
 		// The relay moves version 2 (the acknowledged copy left nothing behind).
-		st, err := b.dq.Enqueue(ctx, "rs", delayq.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 2})
-		if err != nil || st[0] != delayq.Added {
+		st, err := b.dq.Enqueue(ctx, "rs", dispatch.Task{ID: "x", Payload: []byte("p"), RunAt: runAt, Version: 2})
+		if err != nil || st[0] != dispatch.Added {
 			t.Fatalf("enqueue version 2: %v %v", st, err)
 		}
 		f := h.expect(t, "x", outSucceeded)

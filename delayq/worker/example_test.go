@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -37,7 +37,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{})
+	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

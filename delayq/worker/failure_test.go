@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -41,7 +41,7 @@ func TestRetriesFollowBackoffThenDead(t *testing.T) {
 			if err != nil {
 				t.Error(err)
 			}
-			if ti.State != delayq.StateReady {
+			if ti.State != dispatch.StateReady {
 				t.Errorf("after attempt %d: Redis state %s, want ready", tk.Attempt, ti.State)
 			}
 			retries <- retry{attempt: tk.Attempt, claimedAt: tk.ClaimedAt, score: ti.Score, redisAfter: now}
@@ -97,7 +97,7 @@ func TestRetriesFollowBackoffThenDead(t *testing.T) {
 		t.Errorf("outbox after the last attempt: %+v", row)
 	}
 	ti := b.info(t, "r", "x")
-	if ti.State != delayq.StateDead || ti.LastError != "boom 4" {
+	if ti.State != dispatch.StateDead || ti.LastError != "boom 4" {
 		t.Errorf("Redis after the last attempt: %+v", ti)
 	}
 	if n := b.count(t, `SELECT count(*) FROM effects`); n != 0 {
@@ -152,7 +152,7 @@ func TestSteeringErrors(t *testing.T) {
 	if r := b.row(t, "steer", "never"); r.state != "dead" || r.attempt != 1 || r.lastError != "malformed payload" {
 		t.Errorf("NoRetry: outbox %+v", r)
 	}
-	if ti := b.info(t, "steer", "never"); ti.State != delayq.StateDead || ti.LastError != "malformed payload" {
+	if ti := b.info(t, "steer", "never"); ti.State != dispatch.StateDead || ti.LastError != "malformed payload" {
 		t.Errorf("NoRetry: Redis %+v", ti)
 	}
 
@@ -256,7 +256,7 @@ func TestShutdownWithHandlersInFlight(t *testing.T) {
 			if r := b.row(t, "s", f.task.ID); r.state != "queued" || r.attempt != 0 {
 				t.Errorf("released %s: outbox %+v", f.task.ID, r)
 			}
-			if ti := b.info(t, "s", f.task.ID); ti.State != delayq.StateReady || ti.Attempt != 0 {
+			if ti := b.info(t, "s", f.task.ID); ti.State != dispatch.StateReady || ti.Attempt != 0 {
 				t.Errorf("released %s: Redis %+v, want ready, attempt not counted", f.task.ID, ti)
 			}
 		}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -31,7 +31,7 @@ func clientFloor(b *testing.B, floorBatch int) {
 	ctx := context.Background()
 	pool := testenv.Pool(b, testenv.PostgresURL(b))
 	rdb, prefix := testenv.Redis(b)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,15 +48,15 @@ SELECT 'q', 't-' || i, now(), '{}', 25, 'queued', now() FROM generate_series(0, 
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE delayq_outbox`); err != nil {
 		b.Fatal(err)
 	}
-	tasks := make([]delayq.Task, b.N)
+	tasks := make([]dispatch.Task, b.N)
 	for i := range tasks {
-		tasks[i] = delayq.Task{ID: fmt.Sprintf("t-%d", i), Payload: []byte("{}")}
+		tasks[i] = dispatch.Task{ID: fmt.Sprintf("t-%d", i), Payload: []byte("{}")}
 	}
 	if _, err := dq.Enqueue(ctx, "q", tasks...); err != nil {
 		b.Fatal(err)
 	}
 	done := make([]taskstate.Completion, 0, floorBatch)
-	leases := make([]delayq.Lease, 0, floorBatch)
+	leases := make([]dispatch.Lease, 0, floorBatch)
 	before := cpuTime()
 	b.ResetTimer()
 	for n := 0; n < b.N; {
@@ -67,7 +67,7 @@ SELECT 'q', 't-' || i, now(), '{}', 25, 'queued', now() FROM generate_series(0, 
 		done, leases = done[:0], leases[:0]
 		for _, t := range cl.Tasks {
 			done = append(done, taskstate.Completion{Key: taskstate.Key{Queue: "q", ID: t.ID, Version: t.Version}})
-			leases = append(leases, delayq.Lease{ID: t.ID, Token: t.Token})
+			leases = append(leases, dispatch.Lease{ID: t.ID, Token: t.Token})
 		}
 		applied, err := store.MarkDoneMany(ctx, pool, done)
 		if err != nil || len(applied) != len(done) || !applied[0] {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // heartbeats renews the leases of every run in flight: one loop per worker, and per
@@ -106,9 +106,9 @@ func (h *heartbeats) beat(ctx context.Context) {
 // renew renews the leases of runs, all of queue, with one ExtendMany call.
 func (h *heartbeats) renew(ctx context.Context, queue string, runs []*run) {
 	w := h.w
-	leases := make([]delayq.Lease, len(runs))
+	leases := make([]dispatch.Lease, len(runs))
 	for i, r := range runs {
-		leases[i] = delayq.Lease{ID: r.t.ID, Token: r.ct.Token}
+		leases[i] = dispatch.Lease{ID: r.t.ID, Token: r.ct.Token}
 	}
 	sent := time.Now()
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(w.cfg.OpTimeout, h.every))

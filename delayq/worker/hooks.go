@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -138,7 +138,7 @@ func (r *run) snooze(ctx context.Context, d time.Duration, why string) outcome {
 		return r.refusedNow(ctx)
 	}
 	if err := r.leaseErr(err); err != nil {
-		if !errors.Is(err, delayq.ErrLeaseLost) {
+		if !errors.Is(err, dispatch.ErrLeaseLost) {
 			w.log.Warn("worker: giving the task back failed; it runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
 			return outError
 		}
@@ -162,7 +162,7 @@ func (r *run) cancel(ctx context.Context, reason error) outcome {
 	case !res.Applied:
 		return r.refusedNow(ctx)
 	}
-	if err := r.leaseErr(res.RedisErr); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(res.RedisErr); err != nil && !errors.Is(err, dispatch.ErrLeaseLost) {
 		// Cancelled in Postgres: a redelivery is suppressed by the guard.
 		w.log.Warn("worker: ack of a cancelled run failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}
@@ -213,7 +213,7 @@ func (r *run) hook(h DeadHook, cause error) transition.Hook {
 func (r *run) killed(err error) outcome {
 	w, t := r.w, r.t
 	r.hbOff()
-	if err := r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(err); err != nil && !errors.Is(err, dispatch.ErrLeaseLost) {
 		// Postgres says dead; reconcile makes Redis agree (Postgres wins).
 		w.log.Error("worker: kill in Redis failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -50,7 +50,7 @@ func TestSnooze(t *testing.T) {
 	b.enqueue(t, task("q", "long"))
 	f := h.expect(t, "long", outSnoozed)
 	ti := b.info(t, "q", "long")
-	if ti.State != delayq.StateReady || ti.Attempt != 0 {
+	if ti.State != dispatch.StateReady || ti.Attempt != 0 {
 		t.Errorf("redis after a snooze: %+v", ti)
 	}
 	if d := ti.Score.Sub(f.task.ClaimedAt); d < time.Hour || d > time.Hour+10*time.Second {
@@ -108,7 +108,7 @@ func TestCancelFromHandler(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM effects`); n != 0 {
 		t.Errorf("%d effects of a cancelled run", n)
 	}
-	if ti := b.info(t, "q", "c"); ti.State != delayq.StateDone && ti.State != delayq.StateMissing {
+	if ti := b.info(t, "q", "c"); ti.State != dispatch.StateDone && ti.State != dispatch.StateMissing {
 		t.Errorf("redis %+v", ti)
 	}
 	if s := h.w.Stats(); s.Cancelled != 2 || s.Failed != 0 {
@@ -288,7 +288,7 @@ func TestDeadHookHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{Prefix: os.Getenv(helperPrefixEnv)})
+	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{Prefix: os.Getenv(helperPrefixEnv)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestWorkerKilledInDeadHook(t *testing.T) {
 	if r := b.row(t, "crash", "x"); r.state != "dead" || r.attempt != 2 {
 		t.Errorf("outbox %+v", r)
 	}
-	if ti := b.info(t, "crash", "x"); ti.State != delayq.StateDead {
+	if ti := b.info(t, "crash", "x"); ti.State != dispatch.StateDead {
 		t.Errorf("redis %+v", ti)
 	}
 }

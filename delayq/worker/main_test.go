@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -28,7 +28,7 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	rdb    *redis.Client
 	prefix string
-	dq     *delayq.Client
+	dq     *dispatch.Client
 	ob     *outbox.Client
 }
 
@@ -38,7 +38,7 @@ func setup(t *testing.T) *bundle {
 	pool := testenv.Pool(t, url)
 	rdb, prefix := testenv.Redis(t)
 	// Reaped tasks are due again after 1ms, so takeovers in tests need no waiting.
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: time.Millisecond})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,13 +70,13 @@ func (b *bundle) enqueue(t testing.TB, tasks ...outbox.Task) {
 		if err != nil {
 			t.Fatalf("outbox enqueue: %v", err)
 		}
-		byQueue := map[string][]delayq.Task{}
+		byQueue := map[string][]dispatch.Task{}
 		var ids, queues []string
 		for i, tk := range batch {
 			if res.Results[i].Duplicate {
 				t.Fatalf("duplicate %s/%s", tk.Queue, tk.ID)
 			}
-			byQueue[tk.Queue] = append(byQueue[tk.Queue], delayq.Task{
+			byQueue[tk.Queue] = append(byQueue[tk.Queue], dispatch.Task{
 				ID: tk.ID, Payload: tk.Payload, RunAt: res.Results[i].RunAt,
 				MaxAttempts: max(tk.MaxAttempts, 0), Version: 1,
 			})
@@ -126,7 +126,7 @@ func (b *bundle) count(t testing.TB, sql string, args ...any) int {
 	return n
 }
 
-func (b *bundle) info(t testing.TB, queue, id string) delayq.TaskInfo {
+func (b *bundle) info(t testing.TB, queue, id string) dispatch.TaskInfo {
 	t.Helper()
 	ti, err := b.dq.Inspect(context.Background(), queue, id)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -48,7 +48,7 @@ func TestPlainHandlerCompletionAndClearPayload(t *testing.T) {
 	}
 	for _, q := range []string{"secret", "public"} {
 		ti, err := b.dq.Inspect(context.Background(), q, map[string]string{"secret": "a", "public": "b"}[q])
-		if err != nil || ti[0].State != delayq.StateMissing {
+		if err != nil || ti[0].State != dispatch.StateMissing {
 			t.Errorf("%s in Redis: %+v %v", q, ti, err)
 		}
 	}
@@ -138,16 +138,16 @@ func TestRedisOnlyTask(t *testing.T) {
 		_ = w.HandleTx("tx", func(context.Context, pgx.Tx, *Task) error { return nil }, QueueConfig{})
 	})
 	ctx := ctxT(t, time.Minute)
-	if _, err := b.dq.Enqueue(ctx, "plain", delayq.Task{ID: "p", Payload: []byte("x")}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "plain", dispatch.Task{ID: "p", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, "p", outSucceeded)
-	if _, err := b.dq.Enqueue(ctx, "tx", delayq.Task{ID: "t", Payload: []byte("x")}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "tx", dispatch.Task{ID: "t", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, "t", outSuppressed)
 	for q, id := range map[string]string{"plain": "p", "tx": "t"} {
-		if ti := b.info(t, q, id); ti.State != delayq.StateMissing {
+		if ti := b.info(t, q, id); ti.State != dispatch.StateMissing {
 			t.Errorf("%s/%s in Redis: %+v, want acknowledged", q, id, ti)
 		}
 	}
@@ -186,7 +186,7 @@ func TestFailureRecordsNextRunTime(t *testing.T) {
 	if lo, hi := before.Add(30*time.Minute-time.Second), time.Now().Add(30*time.Minute+time.Second); runAt.Before(lo) || runAt.After(hi) {
 		t.Errorf("run_at %v after a RetryAfter(30m) failure, want about %v", runAt, before.Add(30*time.Minute))
 	}
-	if ti := b.info(t, "f", "x"); ti.State != delayq.StateReady || ti.Score.Sub(runAt).Abs() > 2*time.Second {
+	if ti := b.info(t, "f", "x"); ti.State != dispatch.StateReady || ti.Score.Sub(runAt).Abs() > 2*time.Second {
 		t.Errorf("Redis %+v, Postgres run_at %v: the two stores disagree on the next run", ti, runAt)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // maxWeight is the largest weight of a queue in a PriorityGroup.
@@ -136,7 +136,7 @@ type prioQueue struct {
 	// turn until, or until a wake-up after mark (when marked).
 	idle   bool
 	until  time.Time
-	mark   delayq.Mark
+	mark   dispatch.Mark
 	marked bool
 }
 
@@ -170,7 +170,7 @@ func (s *slots) put(m *prioQueue, n int) {
 
 // groupLoop claims the tasks of g's queues while ctx lasts, in the group's order,
 // and starts a run for each: the claim loop of a priority group.
-func (w *Worker) groupLoop(ctx, hard context.Context, waiter *delayq.Waiter, g *prioGroup, runs *runners) {
+func (w *Worker) groupLoop(ctx, hard context.Context, waiter *dispatch.Waiter, g *prioGroup, runs *runners) {
 	s := &slots{free: g.cfg.Concurrency, freed: make(chan struct{}, 1)}
 	plan := make([]int, len(g.members))
 	room := make([]int, len(g.members))
@@ -199,7 +199,7 @@ func (w *Worker) groupLoop(ctx, hard context.Context, waiter *delayq.Waiter, g *
 
 // ready reports whether m may take a turn: not idle, or its idle time is over, or
 // a wake-up came for its queue.
-func (m *prioQueue) ready(waiter *delayq.Waiter, now time.Time) bool {
+func (m *prioQueue) ready(waiter *dispatch.Waiter, now time.Time) bool {
 	if !m.idle {
 		return true
 	}
@@ -258,7 +258,7 @@ func (g *prioGroup) plan(plan, room []int, free int) int {
 }
 
 // groupClaim claims up to n tasks of m's queue on n slots of s and starts their runs.
-func (w *Worker) groupClaim(ctx, hard context.Context, waiter *delayq.Waiter, m *prioQueue, n int, s *slots, runs *runners) {
+func (w *Worker) groupClaim(ctx, hard context.Context, waiter *dispatch.Waiter, m *prioQueue, n int, s *slots, runs *runners) {
 	q := m.q
 	s.take(m, n)
 	mark, err := waiter.Mark(ctx, q.name)
@@ -266,7 +266,7 @@ func (w *Worker) groupClaim(ctx, hard context.Context, waiter *delayq.Waiter, m 
 		s.put(m, n)
 		if ctx.Err() == nil {
 			w.log.Warn("worker: subscribe to wake-ups failed", "queue", q.name, "err", err)
-			m.sleep(w.cfg.ErrorPause, delayq.Mark{}, false)
+			m.sleep(w.cfg.ErrorPause, dispatch.Mark{}, false)
 		}
 		return
 	}
@@ -278,7 +278,7 @@ func (w *Worker) groupClaim(ctx, hard context.Context, waiter *delayq.Waiter, m 
 	if err != nil {
 		s.put(m, n)
 		w.log.Warn("worker: claim failed", "queue", q.name, "err", err)
-		m.sleep(w.cfg.ErrorPause, delayq.Mark{}, false)
+		m.sleep(w.cfg.ErrorPause, dispatch.Mark{}, false)
 		return
 	}
 	s.put(m, n-len(cl.Tasks))
@@ -301,13 +301,13 @@ func (w *Worker) groupClaim(ctx, hard context.Context, waiter *delayq.Waiter, m 
 }
 
 // sleep makes m take no turn for d, or until a wake-up after mark.
-func (m *prioQueue) sleep(d time.Duration, mark delayq.Mark, marked bool) {
+func (m *prioQueue) sleep(d time.Duration, mark dispatch.Mark, marked bool) {
 	m.idle, m.until, m.mark, m.marked = true, time.Now().Add(d), mark, marked
 }
 
 // groupWait sleeps until a slot comes free, an idle queue's time is over or its
 // wake-up arrives, or ctx ends.
-func (w *Worker) groupWait(ctx context.Context, waiter *delayq.Waiter, g *prioGroup, s *slots) {
+func (w *Worker) groupWait(ctx context.Context, waiter *dispatch.Waiter, g *prioGroup, s *slots) {
 	cases := []reflect.SelectCase{
 		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.freed)},

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -190,7 +190,7 @@ func TestPriorityGroupStrict(t *testing.T) {
 func TestPriorityGroupWakesAndCaps(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	dq, err := delayq.New(b.rdb, delayq.Config{Prefix: b.prefix, MaxWait: time.Hour})
+	dq, err := dispatch.New(b.rdb, dispatch.Config{Prefix: b.prefix, MaxWait: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

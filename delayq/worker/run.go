@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -25,7 +25,7 @@ type run struct {
 	slot func()
 	w    *Worker
 	q    *queue
-	ct   delayq.ClaimedTask
+	ct   dispatch.ClaimedTask
 	t    *Task
 	lost atomic.Bool // the lease is known to be lost
 	// failure is the error fail recorded (nil when the run did not fail).
@@ -46,7 +46,7 @@ type run struct {
 // run executes a claimed task, does its bookkeeping and waits until the run has
 // ended. hard is cancelled when the shutdown timeout has passed. It returns the
 // task, how the run ended, and its failure (nil unless it failed).
-func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
+func (w *Worker) run(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
 	r := w.startRun(hard, q, ct, claimedAt, slot)
 	r.ended = make(chan struct{})
 	r.runOn()
@@ -56,7 +56,7 @@ func (w *Worker) run(hard context.Context, q *queue, ct delayq.ClaimedTask, clai
 
 // start executes a claimed task and does its bookkeeping, or hands the run to the
 // completion stages (completer.go), which end it.
-func (w *Worker) start(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) {
+func (w *Worker) start(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) {
 	w.startRun(hard, q, ct, claimedAt, slot).runOn()
 }
 
@@ -77,7 +77,7 @@ func (r *run) runOn() {
 
 // startRun counts a claimed task as in flight and starts its heartbeats; finish
 // ends it.
-func (w *Worker) startRun(hard context.Context, q *queue, ct delayq.ClaimedTask, claimedAt time.Time, slot func()) *run {
+func (w *Worker) startRun(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) *run {
 	maxAttempts := ct.MaxAttempts
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
 		maxAttempts = q.cfg.MaxAttempts
@@ -249,7 +249,7 @@ func (r *run) succeeded(ctx context.Context, d transition.Done) outcome {
 // error logged (done in Postgres: a redelivery after the lease is suppressed by
 // the guard).
 func (r *run) ackFailed(err error) {
-	if err = r.leaseErr(err); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err = r.leaseErr(err); err != nil && !errors.Is(err, dispatch.ErrLeaseLost) {
 		r.w.log.Warn("worker: ack failed after commit; the task will be suppressed when redelivered",
 			"queue", r.t.Queue, "id", r.t.ID, "err", err)
 	}
@@ -266,7 +266,7 @@ func (r *run) ack(ctx context.Context, d transition.Done) error {
 
 // leaseErr counts a lost lease (once per run) and passes err on.
 func (r *run) leaseErr(err error) error {
-	if errors.Is(err, delayq.ErrLeaseLost) {
+	if errors.Is(err, dispatch.ErrLeaseLost) {
 		r.markLost()
 	}
 	return err
@@ -309,7 +309,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 			"queue", t.Queue, "id", t.ID, "version", t.Version, "state", st.State)
 		r.hbOff()
 		if err := w.ops.GiveBack(ctx, r.claim(), r.q.cfg.Backoff.Delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
-			!errors.Is(err, delayq.ErrLeaseLost) {
+			!errors.Is(err, dispatch.ErrLeaseLost) {
 			w.log.Warn("worker: giving back the task failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}
 		return outStale
@@ -317,7 +317,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 	// Redis follows Postgres: this copy is acknowledged (dead if Postgres says so).
 	w.stats.suppressed.Add(1)
 	r.hbOff()
-	if err := r.leaseErr(w.ops.Suppress(ctx, r.claim(), st)); err != nil && !errors.Is(err, delayq.ErrLeaseLost) {
+	if err := r.leaseErr(w.ops.Suppress(ctx, r.claim(), st)); err != nil && !errors.Is(err, dispatch.ErrLeaseLost) {
 		w.log.Warn("worker: ack of a suppressed run failed", "queue", t.Queue, "id", t.ID, "err", err)
 	}
 	w.log.Info("worker: run suppressed, its effect rolled back", "queue", t.Queue, "id", t.ID,
@@ -385,7 +385,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 		return r.refusedNow(ctx) // finished elsewhere, or stale
 	}
 	if err := r.leaseErr(err); err != nil {
-		if !errors.Is(err, delayq.ErrLeaseLost) {
+		if !errors.Is(err, dispatch.ErrLeaseLost) {
 			w.log.Error("worker: retry in Redis failed; the lease will expire", "queue", t.Queue, "id", t.ID, "err", err)
 			return outError
 		}
@@ -412,7 +412,7 @@ func (r *run) release(ctx context.Context) outcome {
 	w, t := r.w, r.t
 	r.hbOff()
 	if err := r.leaseErr(w.ops.Release(ctx, r.claim())); err != nil {
-		if !errors.Is(err, delayq.ErrLeaseLost) {
+		if !errors.Is(err, dispatch.ErrLeaseLost) {
 			w.log.Warn("worker: release failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
 			return outError
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 )
 
@@ -22,7 +22,7 @@ func TestWorkerLearnsShardCountOnClaim(t *testing.T) {
 	producer := b.dq
 	// The worker's Client trusts the count it read for longer than the test and
 	// sleeps MaxWait when nothing is due: only the claim can tell it.
-	wdq, err := delayq.New(b.rdb, delayq.Config{Prefix: b.prefix, ShardRefresh: time.Hour, MaxWait: 30 * time.Second})
+	wdq, err := dispatch.New(b.rdb, dispatch.Config{Prefix: b.prefix, ShardRefresh: time.Hour, MaxWait: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestWorkerLearnsShardCountOnClaim(t *testing.T) {
 
 	// A first task makes the worker read the count (1: the queue is not
 	// sharded) and drains the queue.
-	if _, err := producer.Enqueue(ctx, queue, delayq.Task{ID: "first"}); err != nil {
+	if _, err := producer.Enqueue(ctx, queue, dispatch.Task{ID: "first"}); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, "first", outSucceeded)
@@ -47,13 +47,13 @@ func TestWorkerLearnsShardCountOnClaim(t *testing.T) {
 	if _, err := ctl.SetShards(ctx, queue, 3); err != nil {
 		t.Fatal(err)
 	}
-	var tasks []delayq.Task
+	var tasks []dispatch.Task
 	in := map[int]int{}
 	for i := 0; len(tasks) < 4; i++ {
 		id := fmt.Sprintf("t%d", i)
-		if k := delayq.ShardOf(id, 3); k > 0 && in[k] < 2 {
+		if k := dispatch.ShardOf(id, 3); k > 0 && in[k] < 2 {
 			in[k]++
-			tasks = append(tasks, delayq.Task{ID: id})
+			tasks = append(tasks, dispatch.Task{ID: id})
 		}
 	}
 	enqueued := time.Now()

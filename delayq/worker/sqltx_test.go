@@ -9,7 +9,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -89,7 +89,7 @@ func TestSQLTxHandler(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `UPDATE delayq_outbox SET state = 'done' WHERE task_id = 'dup'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.dq.Enqueue(ctx, "q", delayq.Task{ID: "dup", Version: 1}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "q", dispatch.Task{ID: "dup", Version: 1}); err != nil {
 		t.Fatal(err)
 	}
 	h.expect(t, "dup", outSuppressed)

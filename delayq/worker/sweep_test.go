@@ -15,11 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // startRelay runs a relay (its rounds and its reaper) for queues on a pool of
@@ -171,7 +171,7 @@ func TestOnDeadAfterWorkerKilledOnLastAttempt(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM delayq_outbox WHERE hook_due IS NOT NULL`); n != 0 {
 		t.Errorf("%d marks left after their hooks committed", n)
 	}
-	mustContain(t, "reaped row", b.row(t, "crash", "x2").lastError, delayq.LeaseExpiredError)
+	mustContain(t, "reaped row", b.row(t, "crash", "x2").lastError, dispatch.LeaseExpiredError)
 	mustContain(t, "invalid row", b.row(t, "crash", "bad id").lastError, "Redis cannot hold")
 	if n := b.count(t, `SELECT count(*) FROM effects`); n != 0 {
 		t.Errorf("%d effects: the killed runs' transactions committed", n)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -70,7 +70,7 @@ type Handler func(ctx context.Context, t *Task) error
 // with New, register handlers with Handle and HandleTx, then call Run.
 type Worker struct {
 	pool DB
-	dq   *delayq.Client
+	dq   *dispatch.Client
 	ob   *outbox.Client
 	cfg  Config
 	log  *slog.Logger
@@ -145,7 +145,7 @@ type queue struct {
 // New returns a Worker that runs tasks from Redis (dq), records their completion
 // in the outbox (ob) on pool (a *pgxpool.Pool, or anything that is a DB), and
 // configures itself from cfg (completed with WithDefaults and validated).
-func New(pool DB, dq *delayq.Client, ob *outbox.Client, cfg Config) (*Worker, error) {
+func New(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg Config) (*Worker, error) {
 	if pool == nil || dq == nil || ob == nil {
 		return nil, fmt.Errorf("%w: nil pool, delayq client or outbox client", ErrInvalidConfig)
 	}
@@ -371,7 +371,7 @@ func (w *Worker) startStages() (stop func()) {
 }
 
 // claimLoop claims the tasks of q while ctx lasts and starts a run for each.
-func (w *Worker) claimLoop(ctx, hard context.Context, waiter *delayq.Waiter, q *queue, runs *runners) {
+func (w *Worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q *queue, runs *runners) {
 	slots := newQueueSlots(q.cfg.Concurrency, claimCoalesce)
 	defer slots.close()
 	free := slots.free

@@ -30,8 +30,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -82,7 +82,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := dispatch.New(rdb, dispatch.Config{})
 	if err != nil {
 		return err
 	}

@@ -29,8 +29,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
@@ -146,7 +146,7 @@ func work(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, concurrenc
 	if err != nil {
 		return err
 	}
-	dq, err := delayq.New(redis.NewClient(opt), delayq.Config{})
+	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{})
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
@@ -166,7 +166,7 @@ type session struct {
 	schema string
 	prefix string
 	ob     *outbox.Client
-	dq     *delayq.Client
+	dq     *dispatch.Client
 }
 
 func newSession(ctx context.Context, env Env, name string) (*session, error) {
@@ -207,7 +207,7 @@ func newSession(ctx context.Context, env Env, name string) (*session, error) {
 		s.close()
 		return nil, err
 	}
-	if s.dq, err = delayq.New(s.rdb, delayq.Config{Prefix: s.prefix}); err != nil {
+	if s.dq, err = dispatch.New(s.rdb, dispatch.Config{Prefix: s.prefix}); err != nil {
 		s.close()
 		return nil, err
 	}

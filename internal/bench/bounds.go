@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 )
@@ -228,7 +228,7 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 		if _, err := s.ob.Enqueue(ctx, pool, outbox.Task{Queue: q, ID: id, Payload: payload20}); err != nil {
 			return "", "", "", "", err
 		}
-		if _, err := s.dq.Enqueue(ctx, q, delayq.Task{ID: id, Payload: payload20, Version: 1}); err != nil {
+		if _, err := s.dq.Enqueue(ctx, q, dispatch.Task{ID: id, Payload: payload20, Version: 1}); err != nil {
 			return "", "", "", "", err
 		}
 	}

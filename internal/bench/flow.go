@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -269,7 +269,7 @@ func (s *session) steadyLag(ctx context.Context, rate, warm, total int) (all, st
 	if _, err := sub.Receive(ctx); err != nil {
 		return nil, nil, err
 	}
-	keys, err := delayq.KeysFor(s.prefix, "bench")
+	keys, err := dispatch.KeysFor(s.prefix, "bench")
 	if err != nil {
 		return nil, nil, err
 	}

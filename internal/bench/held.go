@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -199,7 +199,7 @@ func (s *session) watchArrivals(ctx context.Context, queue string) (*arrivals, e
 	restore := func() {
 		s.rdb.ConfigSet(context.WithoutCancel(ctx), "notify-keyspace-events", old["notify-keyspace-events"])
 	}
-	keys, err := delayq.KeysFor(s.prefix, queue)
+	keys, err := dispatch.KeysFor(s.prefix, queue)
 	if err != nil {
 		restore()
 		return nil, err

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -41,9 +41,9 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	var batch []delayq.Task
+	var batch []dispatch.Task
 	for rows.Next() {
-		var t delayq.Task
+		var t dispatch.Task
 		if err := rows.Scan(&t.ID, &t.RunAt, &t.MaxAttempts, &t.Version); err != nil {
 			return err
 		}

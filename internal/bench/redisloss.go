@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -48,7 +48,7 @@ const failoverLag = 500 * time.Millisecond
 
 // lossTarget is the Redis a redis-loss workload runs on, and how it loses data.
 type lossTarget struct {
-	dq *delayq.Client
+	dq *dispatch.Client
 	// lose makes Redis lose the workload's tasks and returns when the loss
 	// began: the flush, the kill, the start of the replica's lag.
 	lose  func(ctx context.Context, r *Result) (time.Time, error)
@@ -76,7 +76,7 @@ func (s *session) lossTarget(ctx context.Context, kind lossKind) (*lossTarget, e
 		}
 		opt.PoolSize = 64
 		rdb := redis.NewClient(opt)
-		dq, err := delayq.New(rdb, delayq.Config{Prefix: s.prefix})
+		dq, err := dispatch.New(rdb, dispatch.Config{Prefix: s.prefix})
 		if err != nil {
 			_ = rdb.Close()
 			own.Close()
@@ -106,7 +106,7 @@ func (s *session) lossTarget(ctx context.Context, kind lossKind) (*lossTarget, e
 		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64,
 			ClusterStateReloadInterval: time.Second, DialTimeout: time.Second,
 			ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
-		dq, err := delayq.New(rdb, delayq.Config{Prefix: s.prefix})
+		dq, err := dispatch.New(rdb, dispatch.Config{Prefix: s.prefix})
 		if err != nil {
 			_ = rdb.Close()
 			cl.Close()

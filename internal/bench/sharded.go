@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -49,7 +49,7 @@ const defaultShards = 3
 type shardRig struct {
 	cl      *tempserver.RedisCluster
 	rdb     *redis.ClusterClient
-	dq      *delayq.Client
+	dq      *dispatch.Client
 	masters []*redis.Client // in the order of cl.Masters: by slot range
 	addrs   []string
 }
@@ -81,8 +81,8 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 	if shards == 0 {
 		shards = defaultShards
 	}
-	if shards < 1 || shards > delayq.MaxShards {
-		return fmt.Errorf("shards %d: want 1..%d", shards, delayq.MaxShards)
+	if shards < 1 || shards > dispatch.MaxShards {
+		return fmt.Errorf("shards %d: want 1..%d", shards, dispatch.MaxShards)
 	}
 	n := s.n(50_000)
 	r.Params["tasks"], r.Params["shards"], r.Params["masters"] = n, shards, shardedMasters
@@ -92,7 +92,7 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 	}
 	g := &shardRig{cl: cl, rdb: redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), PoolSize: 64})}
 	defer g.close()
-	if g.dq, err = delayq.New(g.rdb, delayq.Config{Prefix: s.prefix}); err != nil {
+	if g.dq, err = dispatch.New(g.rdb, dispatch.Config{Prefix: s.prefix}); err != nil {
 		return err
 	}
 	ms, err := cl.Masters(ctx)
@@ -123,7 +123,7 @@ func sharded(ctx context.Context, s *session, r *Result) error {
 
 // setShards splits queue into n shards before any of its tasks exists: in
 // Postgres, the truth the relay mirrors, then in Redis, where the clients read it.
-func (s *session) setShards(ctx context.Context, dq *delayq.Client, queue string, n int) error {
+func (s *session) setShards(ctx context.Context, dq *dispatch.Client, queue string, n int) error {
 	c, err := queuectl.New(s.pool, dq, s.ob.Config().Schema)
 	if err == nil {
 		_, err = c.SetShards(ctx, queue, n)
@@ -158,11 +158,11 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 		}
 	}
 	// Where each shard lives, and where each task must be.
-	keys := make([]delayq.Keys, shards)
+	keys := make([]dispatch.Keys, shards)
 	home := make([]int, shards)
 	for k := range keys {
 		var err error
-		if keys[k], err = delayq.ShardKeys(s.prefix, queue, k, shards); err != nil {
+		if keys[k], err = dispatch.ShardKeys(s.prefix, queue, k, shards); err != nil {
 			return err
 		}
 		if home[k], err = g.masterOf(ctx, keys[k].Ready); err != nil {
@@ -177,7 +177,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 		tasks = tasks[:0]
 		for j := i; j < min(i+10_000, n); j++ {
 			ids[j] = queue + "-" + strconv.Itoa(j)
-			perShard[delayq.ShardOf(ids[j], shards)]++
+			perShard[dispatch.ShardOf(ids[j], shards)]++
 			tasks = append(tasks, outbox.Task{Queue: queue, ID: ids[j], Payload: payload20})
 		}
 		if _, err := s.ob.EnqueueMany(ctx, s.pool, tasks); err != nil {
@@ -299,7 +299,7 @@ func (s *session) countQueue(ctx context.Context, queue string, state delayqtype
 // misplaced counts the tasks whose hash is missing from the master of their
 // shard, and the difference between each shard's ready set and the number of
 // tasks ShardOf puts in it.
-func (g *shardRig) misplaced(ctx context.Context, keys []delayq.Keys, home []int, ids []string, perShard []int64) (int64, error) {
+func (g *shardRig) misplaced(ctx context.Context, keys []dispatch.Keys, home []int, ids []string, perShard []int64) (int64, error) {
 	var bad int64
 	for k := range keys {
 		c, err := g.masters[home[k]].ZCard(ctx, keys[k].Ready).Result()
@@ -313,7 +313,7 @@ func (g *shardRig) misplaced(ctx context.Context, keys []delayq.Keys, home []int
 		pipes := make([]redis.Pipeliner, len(g.masters))
 		var cmds []*redis.IntCmd
 		for _, id := range ids[i:min(i+1000, len(ids))] {
-			k := delayq.ShardOf(id, shards)
+			k := dispatch.ShardOf(id, shards)
 			m := home[k]
 			if pipes[m] == nil {
 				pipes[m] = g.masters[m].Pipeline()
@@ -338,7 +338,7 @@ func (g *shardRig) misplaced(ctx context.Context, keys []delayq.Keys, home []int
 
 // left counts what Redis still holds of the queue's tasks: members of each
 // shard's sets and task hashes on its master.
-func (g *shardRig) left(ctx context.Context, keys []delayq.Keys, home []int) (int64, error) {
+func (g *shardRig) left(ctx context.Context, keys []dispatch.Keys, home []int) (int64, error) {
 	var n int64
 	for k, ks := range keys {
 		m := g.masters[home[k]]

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -59,14 +59,14 @@ func testPartlyKnownScript(t *testing.T, rdb *redis.ClusterClient, queues []stri
 		break
 	}
 	// A single enqueue loads the script on that queue's master only.
-	if _, err := dq.Enqueue(ctx, warm, delayq.Task{ID: "warm-up"}); err != nil {
+	if _, err := dq.Enqueue(ctx, warm, dispatch.Task{ID: "warm-up"}); err != nil {
 		t.Fatal(err)
 	}
-	batches := make([]delayq.QueueTasks, len(queues))
+	batches := make([]dispatch.QueueTasks, len(queues))
 	for i, q := range queues {
-		batches[i] = delayq.QueueTasks{Queue: q, Tasks: []delayq.Task{{ID: "a"}, {ID: "b"}}}
+		batches[i] = dispatch.QueueTasks{Queue: q, Tasks: []dispatch.Task{{ID: "a"}, {ID: "b"}}}
 	}
-	for round, want := range []delayq.EnqueueStatus{delayq.Added, delayq.Duplicate} {
+	for round, want := range []dispatch.EnqueueStatus{dispatch.Added, dispatch.Duplicate} {
 		st, err := dq.EnqueuePipelined(ctx, batches)
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
@@ -120,14 +120,14 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 		kind int
 	}
 	tasks := map[string]want{} // "queue/id"
-	batches := make([]delayq.QueueTasks, len(queues))
+	batches := make([]dispatch.QueueTasks, len(queues))
 	var nKill, nTwice int
 	for qi, q := range queues {
 		batches[qi].Queue = q
 		for i := range perQueue {
 			id := fmt.Sprintf("t%03d", i)
 			due := base.Add(time.Duration((qi*7+i*37)%1500) * time.Millisecond).Truncate(time.Millisecond)
-			batches[qi].Tasks = append(batches[qi].Tasks, delayq.Task{ID: id, Payload: []byte(q + "/" + id), RunAt: due})
+			batches[qi].Tasks = append(batches[qi].Tasks, dispatch.Task{ID: id, Payload: []byte(q + "/" + id), RunAt: due})
 			k := kindOf(i)
 			tasks[q+"/"+id] = want{due, k}
 			switch k {
@@ -147,7 +147,7 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	}
 	for i, b := range st {
 		for j, s := range b {
-			if s != delayq.Added {
+			if s != dispatch.Added {
 				t.Fatalf("%s/%s: %v, want added", queues[i], batches[i].Tasks[j].ID, s)
 			}
 		}
@@ -159,7 +159,7 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	}
 	for i, b := range st {
 		for j, s := range b {
-			if s != delayq.Duplicate {
+			if s != dispatch.Duplicate {
 				t.Fatalf("%s/%s enqueued again: %v, want duplicate", queues[i], batches[i].Tasks[j].ID, s)
 			}
 		}
@@ -172,7 +172,7 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 		first    = map[string]time.Time{} // Redis clock at the first claim
 		reaped   counter
 	)
-	claimOne := func(ct delayq.ClaimedTask, now time.Time) {
+	claimOne := func(ct dispatch.ClaimedTask, now time.Time) {
 		key := ct.Queue + "/" + ct.ID
 		w, ok := tasks[key]
 		if !ok {
@@ -307,9 +307,9 @@ func testDelayq(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			t.Fatal(err)
 		}
 		for _, in := range infos {
-			want := delayq.StateMissing // acknowledged: no done record by default
+			want := dispatch.StateMissing // acknowledged: no done record by default
 			if tasks[b.Queue+"/"+in.ID].kind == kKill {
-				want = delayq.StateDead
+				want = dispatch.StateDead
 			}
 			if in.State != want {
 				t.Errorf("%s/%s: %s, want %s", b.Queue, in.ID, in.State, want)
@@ -330,7 +330,7 @@ func testWaiter(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	defer w.Close()
 
 	control := queues[0] // nothing is enqueued there: its wait runs its full time
-	marks := map[string]delayq.Mark{}
+	marks := map[string]dispatch.Mark{}
 	for _, q := range queues {
 		m, err := w.Mark(ctx, q)
 		if err != nil {
@@ -361,9 +361,9 @@ func testWaiter(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	}
 	// Each queue gets a task due in an hour: still the new earliest task of its
 	// empty queue, so the script publishes a wake-up.
-	var batches []delayq.QueueTasks
+	var batches []dispatch.QueueTasks
 	for _, q := range queues[1:] {
-		batches = append(batches, delayq.QueueTasks{Queue: q, Tasks: []delayq.Task{{ID: "x", RunAt: time.Now().Add(time.Hour)}}})
+		batches = append(batches, dispatch.QueueTasks{Queue: q, Tasks: []dispatch.Task{{ID: "x", RunAt: time.Now().Add(time.Hour)}}})
 	}
 	if _, err := dq.EnqueuePipelined(ctx, batches); err != nil {
 		t.Fatal(err)
@@ -444,7 +444,7 @@ func testRelay(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 				t.Fatal(err)
 			}
 			for i, in := range infos {
-				if in.State != delayq.StateReady || string(in.Payload) != string(ts[i].Payload) || in.Version != 1 ||
+				if in.State != dispatch.StateReady || string(in.Payload) != string(ts[i].Payload) || in.Version != 1 ||
 					!in.Score.Equal(ceilMilli(ts[i].RunAt)) {
 					t.Errorf("%s/%s: %+v, want ready at %v with payload %q", q, in.ID, in, ts[i].RunAt, ts[i].Payload)
 				}
@@ -583,9 +583,9 @@ func testSlotMigration(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Re
 			t.Fatalf("queue %s shares slot %d with %s", q, slot, other)
 		}
 	}
-	var tasks []delayq.Task
+	var tasks []dispatch.Task
 	for i := range 10 {
-		tasks = append(tasks, delayq.Task{ID: fmt.Sprintf("m%d", i)})
+		tasks = append(tasks, dispatch.Task{ID: fmt.Sprintf("m%d", i)})
 	}
 	if _, err := dq.Enqueue(ctx, q, tasks...); err != nil {
 		t.Fatal(err)
@@ -613,7 +613,7 @@ func testSlotMigration(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Re
 		if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
 			t.Errorf("claim %s: %v, want TRYAGAIN", when, err)
 		}
-		_, err = dq.Enqueue(ctx, q, delayq.Task{ID: "late"})
+		_, err = dq.Enqueue(ctx, q, dispatch.Task{ID: "late"})
 		if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
 			t.Errorf("enqueue %s: %v, want TRYAGAIN", when, err)
 		}
@@ -641,7 +641,7 @@ func testSlotMigration(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Re
 	// Nothing ran during the move: every task is claimed now, at its first run,
 	// and the refused enqueue left nothing behind.
 	infos, err := dq.Inspect(ctx, q, "late")
-	if err != nil || infos[0].State != delayq.StateMissing {
+	if err != nil || infos[0].State != dispatch.StateMissing {
 		t.Errorf("refused enqueue: %+v, %v", infos, err)
 	}
 	cl2, err := dq.Claim(ctx, q, 100, time.Minute)

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // TestClusterFailover fails masters over, then moves slots, while producers, a

@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -60,7 +60,7 @@ func byMaster(t testing.TB, rdb *redis.ClusterClient, cl *tempserver.RedisCluste
 	out := map[string][]string{}
 	slots := map[int]bool{}
 	for _, q := range queues {
-		k, err := delayq.KeysFor("p", q)
+		k, err := dispatch.KeysFor("p", q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,9 +87,9 @@ func byMaster(t testing.TB, rdb *redis.ClusterClient, cl *tempserver.RedisCluste
 // newDQ returns a delayq client on rdb under prefix, with short reap backoffs (a
 // task whose lease expired is due again after at most 20ms) and maxWait, the
 // backstop against lost wake-ups: long where a test proves that wake-ups arrive.
-func newDQ(t testing.TB, rdb redis.UniversalClient, prefix string, maxWait time.Duration) *delayq.Client {
+func newDQ(t testing.TB, rdb redis.UniversalClient, prefix string, maxWait time.Duration) *dispatch.Client {
 	t.Helper()
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix,
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix,
 		ReapBackoffBase: 10 * time.Millisecond, ReapBackoffMax: 20 * time.Millisecond, MaxWait: maxWait})
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func (p pgBundle) checkEffects(t testing.TB) {
 }
 
 // runRelay runs a relay until the test ends; Run must then return nil.
-func runRelay(t testing.TB, url string, dq *delayq.Client, cfg relay.Config) *relay.Relay {
+func runRelay(t testing.TB, url string, dq *dispatch.Client, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t, "relay")
@@ -238,7 +238,7 @@ func runRelay(t testing.TB, url string, dq *delayq.Client, cfg relay.Config) *re
 
 // startEffectWorkers runs workers w1 and w2 on every queue, with transactional
 // handlers that write the effects table, until the test ends.
-func startEffectWorkers(t testing.TB, pg pgBundle, dq *delayq.Client, queues []string) []*worker.Worker {
+func startEffectWorkers(t testing.TB, pg pgBundle, dq *dispatch.Client, queues []string) []*worker.Worker {
 	t.Helper()
 	var workers []*worker.Worker
 	for _, name := range []string{"w1", "w2"} {
@@ -348,9 +348,9 @@ func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string))
 }
 
 // stats sums the delayq stats of queues.
-func stats(t testing.TB, dq *delayq.Client, queues []string) delayq.Stats {
+func stats(t testing.TB, dq *dispatch.Client, queues []string) dispatch.Stats {
 	t.Helper()
-	var sum delayq.Stats
+	var sum dispatch.Stats
 	for _, q := range queues {
 		s, err := dq.Stats(context.Background(), q)
 		if err != nil {
@@ -367,7 +367,7 @@ func stats(t testing.TB, dq *delayq.Client, queues []string) delayq.Stats {
 // waitSubscribed waits until n subscribers listen to the wake-ups of every queue.
 // A subscriber connection sits on any node; PUBSUB NUMSUB counts a node's own, so
 // the counts of all nodes are added up.
-func waitSubscribed(t testing.TB, rdb *redis.ClusterClient, dq *delayq.Client, queues []string, n int64) {
+func waitSubscribed(t testing.TB, rdb *redis.ClusterClient, dq *dispatch.Client, queues []string, n int64) {
 	t.Helper()
 	channels := make([]string, len(queues))
 	for i, q := range queues {

@@ -11,14 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // TestShardedQueue splits one queue into 3 and into 5 shards (delayq.Controls.Shards)
@@ -51,7 +51,7 @@ const shardQueue = "hot"
 // setShards splits queue into n shards, before any of its tasks exists, with the
 // control operation: in Postgres first (the truth the relay mirrors; a database
 // of its own when pg is nil), then in Redis.
-func setShards(t testing.TB, pg *pgBundle, dq *delayq.Client, queue string, n int) {
+func setShards(t testing.TB, pg *pgBundle, dq *dispatch.Client, queue string, n int) {
 	t.Helper()
 	ctx := context.Background()
 	if pg == nil {
@@ -72,7 +72,7 @@ func setShards(t testing.TB, pg *pgBundle, dq *delayq.Client, queue string, n in
 
 // shardLayout is where each shard of a queue lives.
 type shardLayout struct {
-	keys   []delayq.Keys
+	keys   []dispatch.Keys
 	master []*redis.Client // a client on the master serving shard k
 	addr   []string
 }
@@ -85,7 +85,7 @@ func layoutOf(t testing.TB, cl *tempserver.RedisCluster, prefix, queue string, s
 	var l shardLayout
 	clients := map[string]*redis.Client{}
 	for k := range shards {
-		ks, err := delayq.ShardKeys(prefix, queue, k, shards)
+		ks, err := dispatch.ShardKeys(prefix, queue, k, shards)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,21 +130,21 @@ func testShardClaims(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Redi
 
 	const n = 400
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
-	var tasks []delayq.Task
+	var tasks []dispatch.Task
 	perShard := make([]int64, shards)
 	for i := range n {
 		// Due times in the reverse of the ids' order, so that an order by id or by
 		// insertion cannot pass for an order by due time.
 		id := fmt.Sprintf("c%03d", i)
-		tasks = append(tasks, delayq.Task{ID: id, RunAt: base.Add(time.Duration(n-i) * time.Millisecond)})
-		perShard[delayq.ShardOf(id, shards)]++
+		tasks = append(tasks, dispatch.Task{ID: id, RunAt: base.Add(time.Duration(n-i) * time.Millisecond)})
+		perShard[dispatch.ShardOf(id, shards)]++
 	}
 	st, err := dq.Enqueue(ctx, shardQueue, tasks...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, s := range st {
-		if s != delayq.Added {
+		if s != dispatch.Added {
 			t.Fatalf("%s: %v", tasks[i].ID, s)
 		}
 	}
@@ -165,7 +165,7 @@ func testShardClaims(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.Redi
 			t.Fatalf("claim %d: nothing with %d of %d tasks claimed", call, claimed, n)
 		}
 		for _, ct := range c.Tasks {
-			k := delayq.ShardOf(ct.ID, shards)
+			k := dispatch.ShardOf(ct.ID, shards)
 			if ct.Due.Before(last[k]) {
 				t.Errorf("shard %d: %s due %v claimed after a task due %v", k, ct.ID, ct.Due, last[k])
 			}
@@ -217,7 +217,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 		}
 		tasks = append(tasks, tk)
 		index[tk.ID] = i
-		perShard[delayq.ShardOf(tk.ID, shards)]++
+		perShard[dispatch.ShardOf(tk.ID, shards)]++
 	}
 	pg.produce(t, tasks, 100)
 	runRelay(t, pg.url, dq, relay.Config{PollInterval: time.Second, ReapInterval: 200 * time.Millisecond,
@@ -231,7 +231,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 	// set as large as ShardOf says, the queue's stats their sum.
 	hashes := map[string]int{}
 	for _, tk := range tasks {
-		k := delayq.ShardOf(tk.ID, shards)
+		k := dispatch.ShardOf(tk.ID, shards)
 		ok, err := lay.master[k].Exists(ctx, lay.keys[k].TaskKey(tk.ID)).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -319,7 +319,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 			fmt.Sprintf("stats %+v, %v: want %d dead, nothing ready or active", s, err, nDead)
 	})
 	for _, id := range dead {
-		k := delayq.ShardOf(id, shards)
+		k := dispatch.ShardOf(id, shards)
 		if _, err := lay.master[k].ZScore(ctx, lay.keys[k].Dead, id).Result(); err != nil {
 			t.Errorf("dead %s not in its shard's dead set (shard %d): %v", id, k, err)
 		}
@@ -362,7 +362,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 		return err == nil && s.Ready == 0 && s.Active == 0 && s.Dead == int64(nDead-1),
 			fmt.Sprintf("stats %+v, %v: want %d dead, nothing ready or active", s, err, nDead-1)
 	})
-	k := delayq.ShardOf(again, shards)
+	k := dispatch.ShardOf(again, shards)
 	if err := lay.master[k].ZScore(ctx, lay.keys[k].Dead, again).Err(); err != redis.Nil {
 		t.Errorf("retried %s still in its shard's dead set: %v", again, err)
 	}

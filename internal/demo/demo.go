@@ -22,8 +22,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -156,7 +156,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: 100 * time.Millisecond})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, ReapBackoffBase: 100 * time.Millisecond})
 	if err != nil {
 		return rep, err
 	}

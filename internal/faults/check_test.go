@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 // checkOpts tune the checker to a scenario.
@@ -359,7 +359,7 @@ func (s *system) checkDead(ctx context.Context, rows map[key]outboxRow, deadKeys
 				break
 			}
 			for _, ti := range infos {
-				if ti.State == delayq.StateDead || redisLost && ti.State == delayq.StateMissing {
+				if ti.State == dispatch.StateDead || redisLost && ti.State == dispatch.StateMissing {
 					continue
 				}
 				res.deadMismatch++

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -72,12 +72,12 @@ type system struct {
 	redisURL, directURL string
 	prefix              string
 	queues              []string
-	doneRetention       time.Duration  // delayq.Config.DoneRetention of every component (0: the default)
-	groupCommit         int            // worker.GroupCommit.MaxTasks of every worker (0: off)
-	shards              int            // the shard count of the queues (0: unsharded)
-	admin               *pgxpool.Pool  // producer and checker
-	rdb                 *redis.Client  // on directURL
-	dq                  *delayq.Client // on rdb
+	doneRetention       time.Duration    // delayq.Config.DoneRetention of every component (0: the default)
+	groupCommit         int              // worker.GroupCommit.MaxTasks of every worker (0: off)
+	shards              int              // the shard count of the queues (0: unsharded)
+	admin               *pgxpool.Pool    // producer and checker
+	rdb                 *redis.Client    // on directURL
+	dq                  *dispatch.Client // on rdb
 	ob                  *outbox.Client
 	logs                *syncBuffer // in-process components' logs
 	logDir              string      // child processes' logs
@@ -169,7 +169,7 @@ func (s *system) logger(name string) *slog.Logger {
 
 // delayqClient opens a client on rawURL with the suite's settings, closed when
 // the test ends.
-func (s *system) delayqClient(t testing.TB, rawURL string, hooks ...redis.Hook) *delayq.Client {
+func (s *system) delayqClient(t testing.TB, rawURL string, hooks ...redis.Hook) *dispatch.Client {
 	t.Helper()
 	rdb, err := newRedis(rawURL, hooks...)
 	if err != nil {
@@ -199,8 +199,8 @@ func newRedis(rawURL string, hooks ...redis.Hook) (*redis.Client, error) {
 
 // newDelayq is the delayq client every component uses: reaped tasks run again
 // within 100ms, and a waiting worker looks again at least every 5s.
-func newDelayq(rdb redis.UniversalClient, prefix string, doneRetention time.Duration) (*delayq.Client, error) {
-	return delayq.New(rdb, delayq.Config{
+func newDelayq(rdb redis.UniversalClient, prefix string, doneRetention time.Duration) (*dispatch.Client, error) {
+	return dispatch.New(rdb, dispatch.Config{
 		Prefix: prefix, ReapBackoffBase: 20 * time.Millisecond, ReapBackoffMax: 100 * time.Millisecond,
 		MaxWait: 5 * time.Second, DoneRetention: doneRetention,
 	})

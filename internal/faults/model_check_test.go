@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/relay/reconcile"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 )
 
 // modelRow is an outbox row as the model's checker reads it.
@@ -440,7 +440,7 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 	slices.Sort(keys)
 	type queueKeys struct {
 		q string
-		delayq.Keys
+		dispatch.Keys
 	}
 	var byQueue []queueKeys // every shard of every queue
 	for _, q := range modelQueues {
@@ -449,7 +449,7 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 			s.t.Fatal(err)
 		}
 		for k := range n {
-			kk, err := delayq.ShardKeys(s.prefix, q, k, n)
+			kk, err := dispatch.ShardKeys(s.prefix, q, k, n)
 			if err != nil {
 				s.t.Fatal(err)
 			}
@@ -461,11 +461,11 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 	// enqueue routed by the old count is refused there, and its minutes of
 	// history expire by themselves. Nothing else: a task, a ready or an active
 	// set there would be misplaced.
-	var otherLayouts []delayq.Keys
+	var otherLayouts []dispatch.Keys
 	if n, err := s.dq.Shards(ctx, modelShardQueue); err == nil {
 		for other := 1; other <= 4; other++ {
 			for k := range other {
-				if kk, err := delayq.ShardKeys(s.prefix, modelShardQueue, k, other); err != nil {
+				if kk, err := dispatch.ShardKeys(s.prefix, modelShardQueue, k, other); err != nil {
 					s.t.Fatal(err)
 				} else if other != n {
 					otherLayouts = append(otherLayouts, kk)
@@ -531,7 +531,7 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 					s.t.Fatal(err)
 				}
 				ti := infos[0]
-				if !ok || r.state != "dead" || ti.State != delayq.StateDead || ti.Version != r.version {
+				if !ok || r.state != "dead" || ti.State != dispatch.StateDead || ti.Version != r.version {
 					ttl, _ := s.rdb.PTTL(ctx, rk).Result()
 					msg := fmt.Sprintf("%s left in Redis: %s v%d attempt %d ttl %v; Postgres: row %v %s v%d",
 						rk, ti.State, ti.Version, ti.Attempt, ttl, ok, r.state, r.version)

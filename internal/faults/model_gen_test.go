@@ -11,10 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // know is what the model knows of a task's row: the transition table says who

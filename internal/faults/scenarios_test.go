@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/faultproxy"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // Sizes of the loads: a few thousand tasks over a few seconds, so that each
@@ -113,9 +113,9 @@ func relayKill(t *testing.T, scenario string, doneRetention time.Duration) {
 	}
 	// The workers applied doneRetention: a finished task's hash is kept (done) or
 	// gone (missing).
-	want := delayq.StateMissing
+	want := dispatch.StateMissing
 	if doneRetention > 0 {
-		want = delayq.StateDone
+		want = dispatch.StateDone
 	}
 	var q, id string
 	if err := s.admin.QueryRow(ctx, `SELECT queue, task_id FROM delayq_outbox WHERE state = 'done' LIMIT 1`).Scan(&q, &id); err != nil {

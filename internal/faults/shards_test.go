@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/relay"
 )
@@ -111,7 +111,7 @@ func newPlacement(t *testing.T, s *system, n int) *placement {
 	p := &placement{n: n, shardOf: map[string]int{}}
 	for _, q := range s.queues {
 		for k := range n {
-			keys, err := delayq.ShardKeys(s.prefix, q, k, n)
+			keys, err := dispatch.ShardKeys(s.prefix, q, k, n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,7 +175,7 @@ func (p *placement) check(cmd redis.Cmder) {
 	for i := range int(count) {
 		id, _ := v[head+9*i].(string)
 		p.claimed.Add(1)
-		if want := delayq.ShardOf(id, p.n); want != k {
+		if want := dispatch.ShardOf(id, p.n); want != k {
 			p.misplaced.Add(1)
 			p.mu.Lock()
 			if len(p.samples) < 5 {

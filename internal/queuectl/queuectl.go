@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -43,13 +43,13 @@ var ErrTransaction = errors.New("the controls' operations need a pool or a conne
 // Controller runs the control operations on one database and one Redis.
 type Controller struct {
 	db    taskstate.Querier
-	dq    *delayq.Client
+	dq    *dispatch.Client
 	store *taskstate.Store
 }
 
 // New returns a Controller writing db (a pool or a connection outside a
 // transaction) in schema ("" is public) and then dq.
-func New(db taskstate.Querier, dq *delayq.Client, schema string) (*Controller, error) {
+func New(db taskstate.Querier, dq *dispatch.Client, schema string) (*Controller, error) {
 	if db == nil || dq == nil {
 		return nil, errors.New("queuectl: a database and a delayq client are required")
 	}
@@ -173,8 +173,8 @@ func (c *Controller) change(ctx context.Context, what, queue string, write func(
 
 // mirror writes ctl into Redis at its version; applied is false when Redis holds
 // it, or a newer one, already.
-func mirror(ctx context.Context, dq *delayq.Client, ctl Control) (applied bool, err error) {
-	return dq.SetControls(ctx, ctl.Queue, ctl.Version, delayq.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards})
+func mirror(ctx context.Context, dq *dispatch.Client, ctl Control) (applied bool, err error) {
+	return dq.SetControls(ctx, ctl.Queue, ctl.Version, dispatch.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards})
 }
 
 // Restore is the repair of Redis's copy: it writes every queue's controls from
@@ -182,7 +182,7 @@ func mirror(ctx context.Context, dq *delayq.Client, ctl Control) (applied bool, 
 // and returns how many Redis was behind on (with dryRun, found and left). An
 // outbox not migrated to 00004 has no controls: 0, nil. The relay runs it every
 // relay.ControlSyncInterval, reconcile once per run.
-func Restore(ctx context.Context, db taskstate.Querier, dq *delayq.Client, schema string, dryRun bool) (int, error) {
+func Restore(ctx context.Context, db taskstate.Querier, dq *dispatch.Client, schema string, dryRun bool) (int, error) {
 	if schema == "" {
 		schema = "public"
 	}

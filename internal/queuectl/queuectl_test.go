@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
@@ -24,14 +24,14 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 type bundle struct {
 	pool *pgxpool.Pool
 	rdb  *redis.Client
-	dq   *delayq.Client
+	dq   *dispatch.Client
 	ctl  *queuectl.Controller
 }
 
 func setup(t *testing.T) bundle {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func (b bundle) inBoth(t *testing.T, queue string) queuectl.Control {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := delayq.Controls{Paused: pg.Paused, Shards: pg.Shards}
+	want := dispatch.Controls{Paused: pg.Paused, Shards: pg.Shards}
 	if pg.Shards == 1 {
 		want.Shards = 0 // Controls reports 0 for one shard
 	}
@@ -116,7 +116,7 @@ func TestOperationsWriteBothStores(t *testing.T) {
 	}
 	// The shards of the old count were told the new one (enqueue.lua refuses a
 	// call routed by 3 there).
-	k, err := delayq.ShardKeys(b.dq.Config().Prefix, "mail", 2, 3)
+	k, err := dispatch.ShardKeys(b.dq.Config().Prefix, "mail", 2, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestRedisFailureAfterCommit(t *testing.T) {
 	ctx := t.Context()
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = down.Close() })
-	dqDown, err := delayq.New(down, delayq.Config{Prefix: b.dq.Config().Prefix})
+	dqDown, err := dispatch.New(down, dispatch.Config{Prefix: b.dq.Config().Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,8 +241,8 @@ func TestSetShards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	if validate.MaxShards != delayq.MaxShards {
-		t.Fatalf("validate.MaxShards %d, delayq.MaxShards %d: they must agree", validate.MaxShards, delayq.MaxShards)
+	if validate.MaxShards != dispatch.MaxShards {
+		t.Fatalf("validate.MaxShards %d, delayq.MaxShards %d: they must agree", validate.MaxShards, dispatch.MaxShards)
 	}
 	c1, err := b.ctl.SetShards(ctx, "mail", 4)
 	if err != nil || c1.Shards != 4 || c1.Version < 1 {
@@ -293,7 +293,7 @@ func TestSetShards(t *testing.T) {
 	}
 
 	// A task in Redis only (no row): refused by the Redis check.
-	if _, err := b.dq.Enqueue(ctx, "direct", delayq.Task{ID: "d-1", RunAt: time.Now().Add(time.Hour)}); err != nil {
+	if _, err := b.dq.Enqueue(ctx, "direct", dispatch.Task{ID: "d-1", RunAt: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.ctl.SetShards(ctx, "direct", 2); !errors.Is(err, taskstate.ErrQueueNotEmpty) {

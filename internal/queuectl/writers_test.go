@@ -27,8 +27,8 @@ func TestOneWriterOfRedisControls(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		t.Fatalf("module root %s: %v", root, err)
 	}
-	maySet := map[string]bool{"delayq": true, "internal/queuectl": true}
-	mayRestore := map[string]bool{"relay/reconcile": true, "internal/queuectl": true}
+	maySet := map[string]bool{"internal/dispatch": true, "internal/queuectl": true}
+	mayRestore := map[string]bool{"internal/reconcile": true, "internal/queuectl": true}
 	fset := token.NewFileSet()
 	scanned := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -60,12 +60,12 @@ func TestOneWriterOfRedisControls(t *testing.T) {
 						fset.Position(n.Pos()), name)
 				}
 				if x, ok := n.X.(*ast.Ident); ok && x.Name == "queuectl" && name == "Restore" && !mayRestore[dir] {
-					t.Errorf("%s: queuectl.Restore outside the relay's repair (relay/reconcile)", fset.Position(n.Pos()))
+					t.Errorf("%s: queuectl.Restore outside the relay's repair (internal/reconcile)", fset.Position(n.Pos()))
 				}
 			case *ast.CallExpr:
 				// Inside package delayq, the ctl script runs only in control.go (and in
 				// the script's own tests).
-				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "adminScript" && dir == "delayq" && len(n.Args) == 1 &&
+				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "adminScript" && dir == "internal/dispatch" && len(n.Args) == 1 &&
 					!strings.HasSuffix(rel, "_test.go") {
 					if lit, ok := n.Args[0].(*ast.BasicLit); ok && lit.Value == `"ctl"` && filepath.Base(rel) != "control.go" {
 						t.Errorf("%s: the ctl script run outside delayq/control.go", fset.Position(n.Pos()))

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -119,16 +119,16 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminDQ, err := delayq.New(admin, delayq.Config{Prefix: prefix})
+	adminDQ, err := dispatch.New(admin, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	relayDQ, err := delayq.New(relayRDB, delayq.Config{Prefix: prefix,
+	relayDQ, err := dispatch.New(relayRDB, dispatch.Config{Prefix: prefix,
 		ReapBackoffBase: 10 * time.Millisecond, ReapBackoffMax: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	workerDQ, err := delayq.New(workerRDB, delayq.Config{Prefix: prefix})
+	workerDQ, err := dispatch.New(workerRDB, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		}
 		return s
 	}
-	redisState := func(queue, id string) delayq.TaskInfo {
+	redisState := func(queue, id string) dispatch.TaskInfo {
 		info, err := adminDQ.Inspect(ctx, queue, id)
 		if err != nil {
 			t.Fatal(err)
@@ -173,7 +173,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	// A worker that crashes holding a lease: claimed as delayq-worker, never
 	// settled; the relay's reaper takes it back.
 	enqueue("crashed", "c-1")
-	waitFor(t, 30*time.Second, "c-1 in Redis", func() bool { return redisState("crashed", "c-1").State == delayq.StateReady })
+	waitFor(t, 30*time.Second, "c-1 in Redis", func() bool { return redisState("crashed", "c-1").State == dispatch.StateReady })
 	cl, err := workerDQ.Claim(ctx, "crashed", 1, 100*time.Millisecond)
 	if err != nil || len(cl.Tasks) != 1 {
 		t.Fatalf("claim c-1 as the worker user: %+v %v", cl, err)
@@ -269,10 +269,10 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	if err := <-workerDone; err != nil {
 		t.Fatalf("worker Run: %v", err)
 	}
-	if info := redisState("hang", "h-1"); info.State != delayq.StateReady {
+	if info := redisState("hang", "h-1"); info.State != dispatch.StateReady {
 		t.Errorf("h-1 after shutdown: %+v, want released to ready", info)
 	}
-	if info := redisState("doomed", "d-1"); info.State != delayq.StateDead {
+	if info := redisState("doomed", "d-1"); info.State != dispatch.StateDead {
 		t.Errorf("d-1 in Redis: %+v, want dead", info)
 	}
 	mu.Lock()

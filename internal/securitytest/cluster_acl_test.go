@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -58,11 +58,11 @@ func TestLeastPrivilegeACLOnCluster(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	relayDQ, err := delayq.New(client("delayq-relay"), delayq.Config{Prefix: prefix})
+	relayDQ, err := dispatch.New(client("delayq-relay"), dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	workerDQ, err := delayq.New(client("delayq-worker"), delayq.Config{Prefix: prefix})
+	workerDQ, err := dispatch.New(client("delayq-worker"), dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

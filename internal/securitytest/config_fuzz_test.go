@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // FuzzConfigs drives every library Config with fuzzed values (clients on
@@ -38,7 +38,7 @@ func FuzzConfigs(f *testing.F) {
 	f.Cleanup(pool.Close)
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	f.Cleanup(func() { _ = rdb.Close() })
-	dq, err := delayq.New(rdb, delayq.Config{})
+	dq, err := dispatch.New(rdb, dispatch.Config{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -101,10 +101,10 @@ func FuzzConfigs(f *testing.F) {
 			}
 		}
 
-		dc := delayq.Config{Prefix: s1, DoneRetention: a, DefaultMaxAttempts: n1, MaxPayloadBytes: n2,
+		dc := dispatch.Config{Prefix: s1, DoneRetention: a, DefaultMaxAttempts: n1, MaxPayloadBytes: n2,
 			EnqueueBatch: n1, ReapBackoffBase: b, ReapBackoffMax: c, MaxWait: a}
-		if d, err := delayq.New(rdb, dc); err != nil {
-			refusal(t, "delayq", err, delayq.ErrInvalidConfig)
+		if d, err := dispatch.New(rdb, dc); err != nil {
+			refusal(t, "delayq", err, dispatch.ErrInvalidConfig)
 		} else if e := d.Config(); e.MaxPayloadBytes < 1 || e.EnqueueBatch < 1 || e.EnqueueBatch > 10000 || e.ReapBackoffMax < e.ReapBackoffBase {
 			t.Fatalf("delayq accepted %+v", e)
 		}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -64,7 +64,7 @@ func TestPayloadLifetime(t *testing.T) {
 	admin := testenv.Pool(t, adminURL)
 	pool := testenv.Pool(t, roleURL)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +164,9 @@ func TestPayloadLifetime(t *testing.T) {
 	}
 	for _, c := range []struct {
 		queue, id string
-		state     delayq.State
+		state     dispatch.State
 		kept      bool
-	}{{"keep", "k-1", delayq.StateMissing, false}, {"clear", "c-1", delayq.StateMissing, false}, {"doomed", "d-1", delayq.StateDead, true}} {
+	}{{"keep", "k-1", dispatch.StateMissing, false}, {"clear", "c-1", dispatch.StateMissing, false}, {"doomed", "d-1", dispatch.StateDead, true}} {
 		info, err := dq.Inspect(ctx, c.queue, c.id)
 		if err != nil {
 			t.Fatal(err)

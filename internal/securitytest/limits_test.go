@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -88,7 +88,7 @@ func TestPayloadLimitsOnEveryPath(t *testing.T) {
 
 	// delayq: Enqueue, EnqueuePipelined, RepairIf.
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,26 +99,26 @@ func TestPayloadLimitsOnEveryPath(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ti := range info {
-			if ti.State != delayq.StateMissing {
+			if ti.State != dispatch.StateMissing {
 				t.Errorf("%s/%s written although refused: %+v", queue, ti.ID, ti.State)
 			}
 		}
 	}
-	if _, err := dq.Enqueue(ctx, "lim", delayq.Task{ID: "ok", Payload: []byte("small")}, delayq.Task{ID: "over", Payload: over}); !errors.Is(err, delayq.ErrInvalidTask) {
+	if _, err := dq.Enqueue(ctx, "lim", dispatch.Task{ID: "ok", Payload: []byte("small")}, dispatch.Task{ID: "over", Payload: over}); !errors.Is(err, dispatch.ErrInvalidTask) {
 		t.Errorf("delayq Enqueue, %d bytes: %v, want ErrInvalidTask", len(over), err)
 	}
 	missing("lim", "ok", "over")
-	if _, err := dq.EnqueuePipelined(ctx, []delayq.QueueTasks{
-		{Queue: "a", Tasks: []delayq.Task{{ID: "ok"}}}, {Queue: "b", Tasks: []delayq.Task{{ID: "over", Payload: overHard}}}}); !errors.Is(err, delayq.ErrInvalidTask) {
+	if _, err := dq.EnqueuePipelined(ctx, []dispatch.QueueTasks{
+		{Queue: "a", Tasks: []dispatch.Task{{ID: "ok"}}}, {Queue: "b", Tasks: []dispatch.Task{{ID: "over", Payload: overHard}}}}); !errors.Is(err, dispatch.ErrInvalidTask) {
 		t.Errorf("EnqueuePipelined, %d bytes: %v, want ErrInvalidTask", len(overHard), err)
 	}
 	missing("a", "ok")
 	missing("b", "over")
-	if _, err := dq.RepairIf(ctx, "lim", delayq.Repair{Op: delayq.RepairRestore, ID: "over", Task: delayq.Task{Payload: overHard}}); !errors.Is(err, delayq.ErrInvalidTask) {
+	if _, err := dq.RepairIf(ctx, "lim", dispatch.Repair{Op: dispatch.RepairRestore, ID: "over", Task: dispatch.Task{Payload: overHard}}); !errors.Is(err, dispatch.ErrInvalidTask) {
 		t.Errorf("RepairIf restore, %d bytes: %v, want ErrInvalidTask", len(overHard), err)
 	}
 	missing("lim", "over")
-	if st, err := dq.Enqueue(ctx, "lim", delayq.Task{ID: "at", Payload: atLimit}); err != nil || st[0] != delayq.Added {
+	if st, err := dq.Enqueue(ctx, "lim", dispatch.Task{ID: "at", Payload: atLimit}); err != nil || st[0] != dispatch.Added {
 		t.Errorf("delayq Enqueue, %d bytes: %v %v", len(atLimit), st, err)
 	}
 
@@ -147,7 +147,7 @@ func TestPayloadLimitsOnEveryPath(t *testing.T) {
 	if want := rows(); queued != want {
 		t.Errorf("%d rows queued, want all %d", queued, want)
 	}
-	if info, err := dq.Inspect(ctx, "lim", "big"); err != nil || info[0].State != delayq.StateReady || !bytes.Equal(info[0].Payload, over) {
+	if info, err := dq.Inspect(ctx, "lim", "big"); err != nil || info[0].State != dispatch.StateReady || !bytes.Equal(info[0].Payload, over) {
 		t.Errorf("lim/big in Redis: %v %v, want ready with its %d bytes", info[0].State, err, len(over))
 	}
 

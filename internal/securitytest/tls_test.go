@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -241,11 +241,11 @@ func TestLibraryOverTLSWithACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relayDQ, err := delayq.New(e.client(t, e.relayURL), delayq.Config{})
+	relayDQ, err := dispatch.New(e.client(t, e.relayURL), dispatch.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	workerDQ, err := delayq.New(e.client(t, e.workerURL), delayq.Config{})
+	workerDQ, err := dispatch.New(e.client(t, e.workerURL), dispatch.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

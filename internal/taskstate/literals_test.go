@@ -20,9 +20,9 @@ var notStates = []struct {
 	file, word string
 	n          int
 }{
-	{"delayq/keys.go", "dead", 1},              // the dead ZSET's key suffix
+	{"internal/dispatch/keys.go", "dead", 1},   // the dead ZSET's key suffix
 	{"relay/metrics.go", "dead", 2},            // the reaper's result label (reaped as dead)
-	{"relay/reconcile/kind.go", "dead", 1},     // the dead ZSET, in a probe's description
+	{"internal/reconcile/kind.go", "dead", 1},  // the dead ZSET, in a probe's description
 	{"delayq/worker/worker.go", "pending", 1},  // a run's outcome: handed to the completion stages
 	{"delayq/worker/hooks.go", "cancelled", 1}, // CancelError's message
 	{"cmd/delayq/main.go", "dead", 1},          // the dead command's name

@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // RedisRow is what Redis gets of an outbox row: the columns TakeDue returns and
@@ -32,8 +32,8 @@ type RedisRow struct {
 // Task is the one encoder of an outbox row into the task the enqueue and repair
 // scripts take: payload, due time, attempts, version, trace context, start
 // deadline and priority, each as the row holds it.
-func (r RedisRow) Task() delayq.Task {
-	t := delayq.Task{
+func (r RedisRow) Task() dispatch.Task {
+	t := dispatch.Task{
 		ID: r.ID, Payload: r.Payload, RunAt: r.RunAt,
 		MaxAttempts: r.MaxAttempts, Attempt: r.Attempt, Version: r.Version,
 		Priority: r.Priority,

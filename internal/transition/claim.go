@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
@@ -195,7 +195,7 @@ func (o *Ops) AckDone(ctx context.Context, ds []Done) (acked []bool, err error) 
 		return nil, nil
 	}
 	queue := ds[0].queue
-	leases := make([]delayq.Lease, 0, len(ds))
+	leases := make([]dispatch.Lease, 0, len(ds))
 	idx := make([]int, 0, len(ds))
 	for i, d := range ds {
 		if !d.ok {
@@ -204,7 +204,7 @@ func (o *Ops) AckDone(ctx context.Context, ds []Done) (acked []bool, err error) 
 		if d.queue != queue {
 			return nil, fmt.Errorf("transition: ack of %s and %s in one call", queue, d.queue)
 		}
-		leases = append(leases, delayq.Lease{ID: d.id, Token: d.token})
+		leases = append(leases, dispatch.Lease{ID: d.id, Token: d.token})
 		idx = append(idx, i)
 	}
 	acked = make([]bool, len(ds))

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -104,17 +104,17 @@ func (o *Ops) PurgeDead(ctx context.Context, db taskstate.Querier, queues, ids [
 	if err != nil {
 		return Purged{}, err
 	}
-	byQueue := map[string][]delayq.Task{}
+	byQueue := map[string][]dispatch.Task{}
 	var (
 		order []string
 		q     string
-		t     delayq.Task
+		t     dispatch.Task
 	)
 	tag, err := pgx.ForEachRow(rows, []any{&q, &t.ID, &t.Version}, func() error {
 		if _, ok := byQueue[q]; !ok {
 			order = append(order, q)
 		}
-		byQueue[q] = append(byQueue[q], delayq.Task{ID: t.ID, Version: t.Version})
+		byQueue[q] = append(byQueue[q], dispatch.Task{ID: t.ID, Version: t.Version})
 		return nil
 	})
 	if err != nil {
@@ -167,7 +167,7 @@ func (o *Ops) RemoveFinished(ctx context.Context, db taskstate.Querier, queue, i
 	if row.Exists {
 		version = row.Version
 	}
-	n, err := o.removeVersions(ctx, queue, []delayq.Task{{ID: id, Version: version}})
+	n, err := o.removeVersions(ctx, queue, []dispatch.Task{{ID: id, Version: version}})
 	return n > 0, err
 }
 
@@ -175,7 +175,7 @@ func (o *Ops) RemoveFinished(ctx context.Context, db taskstate.Querier, queue, i
 // version or an older one, probing again the few that change between the probe
 // and the removal; a newer version (the id enqueued again meanwhile) is left
 // alone. It returns how many it removed.
-func (o *Ops) removeVersions(ctx context.Context, q string, tasks []delayq.Task) (int, error) {
+func (o *Ops) removeVersions(ctx context.Context, q string, tasks []dispatch.Task) (int, error) {
 	removed := 0
 	for start := 0; start < len(tasks); start += 1000 {
 		todo := tasks[start:min(start+1000, len(tasks))]
@@ -192,15 +192,15 @@ func (o *Ops) removeVersions(ctx context.Context, q string, tasks []delayq.Task)
 				return removed, err
 			}
 			var (
-				repairs []delayq.Repair
-				asked   []delayq.Task
+				repairs []dispatch.Repair
+				asked   []dispatch.Task
 			)
 			for i, t := range todo {
 				p := probes[i]
-				if p.State == delayq.StateMissing && !p.InReady && !p.InActive && !p.InDead || p.Version > t.Version {
+				if p.State == dispatch.StateMissing && !p.InReady && !p.InActive && !p.InDead || p.Version > t.Version {
 					continue
 				}
-				repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: t.ID, Fingerprint: p.Fingerprint})
+				repairs = append(repairs, dispatch.Repair{Op: dispatch.RepairRemove, ID: t.ID, Fingerprint: p.Fingerprint})
 				asked = append(asked, t)
 			}
 			if len(repairs) == 0 {
@@ -210,7 +210,7 @@ func (o *Ops) removeVersions(ctx context.Context, q string, tasks []delayq.Task)
 			if err != nil {
 				return removed, err
 			}
-			var again []delayq.Task
+			var again []dispatch.Task
 			for i, ok := range applied {
 				if ok {
 					removed++
@@ -229,7 +229,7 @@ func (o *Ops) removeVersions(ctx context.Context, q string, tasks []delayq.Task)
 // task as probed (restore, kill, remove), routed by shards, the count Postgres
 // holds. applied[i] false: the task changed since its probe. The caller commits
 // tx after.
-func (o *Ops) Repair(ctx context.Context, tx pgx.Tx, queue string, shards int, repairs ...delayq.Repair) ([]bool, error) {
+func (o *Ops) Repair(ctx context.Context, tx pgx.Tx, queue string, shards int, repairs ...dispatch.Repair) ([]bool, error) {
 	if tx == nil {
 		return nil, errors.New("transition: a repair needs the transaction that holds the rows locked")
 	}

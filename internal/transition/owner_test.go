@@ -47,7 +47,7 @@ type exception struct {
 var exceptions = []exception{
 	{dir: "internal/transition", reason: "the owner"},
 	{dir: "internal/taskstate", reason: "defines the statements and the Store methods the owner runs"},
-	{dir: "delayq", reason: "the Redis engine defines the scripts' methods"},
+	{dir: "internal/dispatch", reason: "the Redis engine defines the scripts' methods"},
 	{dir: "outbox", may: []string{"Enqueue", "EnqueueStartBy", "EnqueueMany"},
 		reason: "the producer's insert (enqueue: Postgres only, in the caller's transaction, on pgx or database/sql)"},
 	{dir: "internal/bench", files: []string{"memory.go", "bounds.go"}, may: []string{"Enqueue"},

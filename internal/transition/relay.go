@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -104,7 +104,7 @@ func (o *Ops) TakeDue(ctx context.Context, tx pgx.Tx, t Take) ([]taskstate.Taken
 // fails rolls back, its rows pending again. The enqueue script keys each task by
 // its version: an older copy is replaced, a copy of the same version is a
 // duplicate.
-func (o *Ops) Move(ctx context.Context, tx pgx.Tx, batches []delayq.QueueTasks) ([][]delayq.EnqueueStatus, error) {
+func (o *Ops) Move(ctx context.Context, tx pgx.Tx, batches []dispatch.QueueTasks) ([][]dispatch.EnqueueStatus, error) {
 	if tx == nil {
 		return nil, errors.New("transition: a move needs the round's transaction")
 	}
@@ -124,7 +124,7 @@ func (o *Ops) MarkInvalid(ctx context.Context, tx pgx.Tx, rows []pgtype.TID, rea
 // Reap (reap-dead, its Redis part) takes back up to limit expired leases of
 // queue: tasks with runs left are due again after a backoff; the exhausted stay
 // held for delayq.ExhaustedHold, for SettleExhausted.
-func (o *Ops) Reap(ctx context.Context, queue string, limit int) (delayq.ReapResult, error) {
+func (o *Ops) Reap(ctx context.Context, queue string, limit int) (dispatch.ReapResult, error) {
 	return o.dq.Reap(ctx, queue, limit)
 }
 
@@ -156,12 +156,12 @@ func (o *Ops) SettleExhausted(ctx context.Context, db taskstate.Querier, queue s
 		versions, attempts []int32
 	)
 	for _, ti := range infos {
-		if ti.State != delayq.StateActive {
+		if ti.State != dispatch.StateActive {
 			continue // changed since the reap: not ours to settle
 		}
 		msg := ti.LastError
 		if msg == "" {
-			msg = delayq.LeaseExpiredError
+			msg = dispatch.LeaseExpiredError
 		}
 		qs, tids = append(qs, queue), append(tids, ti.ID)
 		versions = append(versions, int32(ti.Version))
@@ -184,22 +184,22 @@ func (o *Ops) SettleExhausted(ctx context.Context, db taskstate.Querier, queue s
 	if err != nil {
 		return out, redisStep("probe exhausted "+queue, err)
 	}
-	var repairs []delayq.Repair
+	var repairs []dispatch.Repair
 	for i, p := range probes {
-		if p.State != delayq.StateActive || p.Version != int(versions[i]) {
+		if p.State != dispatch.StateActive || p.Version != int(versions[i]) {
 			continue
 		}
 		row := rows[p.ID]
 		switch {
 		case row.Exists && row.State == taskstate.Dead && row.Version == p.Version:
-			repairs = append(repairs, delayq.Repair{Op: delayq.RepairKill, ID: p.ID, Fingerprint: p.Fingerprint, Error: row.LastError})
+			repairs = append(repairs, dispatch.Repair{Op: dispatch.RepairKill, ID: p.ID, Fingerprint: p.Fingerprint, Error: row.LastError})
 			out.Killed++
 		case row.Exists && row.State.Live() && row.Version == p.Version:
 			// MarkDead did not see it (changed in between): the next reap decides.
 		default:
 			// Done, cancelled, purged, or another version: nothing of this copy
 			// may run or stay.
-			repairs = append(repairs, delayq.Repair{Op: delayq.RepairRemove, ID: p.ID, Fingerprint: p.Fingerprint})
+			repairs = append(repairs, dispatch.Repair{Op: dispatch.RepairRemove, ID: p.ID, Fingerprint: p.Fingerprint})
 			out.Removed++
 		}
 	}

@@ -15,7 +15,7 @@ package transition
 import (
 	"errors"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
@@ -24,11 +24,11 @@ import (
 // transaction) to run on.
 type Ops struct {
 	store *taskstate.Store
-	dq    *delayq.Client
+	dq    *dispatch.Client
 }
 
 // New returns the operations writing the outbox of store and the Redis of dq.
-func New(store *taskstate.Store, dq *delayq.Client) *Ops {
+func New(store *taskstate.Store, dq *dispatch.Client) *Ops {
 	return &Ops{store: store, dq: dq}
 }
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/internal/transition"
@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 type bundle struct {
 	pool *pgxpool.Pool
-	dq   *delayq.Client
+	dq   *dispatch.Client
 	ob   *outbox.Client
 	ops  *transition.Ops
 }
@@ -27,7 +27,7 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,8 +56,8 @@ func (b bundle) claimed(t *testing.T, queue, id string) transition.Claim {
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("take due: %d rows, %v", len(rows), err)
 	}
-	st, err := b.ops.Move(ctx, tx, []delayq.QueueTasks{{Queue: queue, Shards: rows[0].Shards, Tasks: []delayq.Task{rows[0].Task()}}})
-	if err != nil || st[0][0] != delayq.Added {
+	st, err := b.ops.Move(ctx, tx, []dispatch.QueueTasks{{Queue: queue, Shards: rows[0].Shards, Tasks: []dispatch.Task{rows[0].Task()}}})
+	if err != nil || st[0][0] != dispatch.Added {
 		t.Fatalf("move: %v, %v", st, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -71,7 +71,7 @@ func (b bundle) claimed(t *testing.T, queue, id string) transition.Claim {
 	return transition.Claim{Key: taskstate.Key{Queue: queue, ID: id, Version: ct.Version}, Token: ct.Token}
 }
 
-func (b bundle) redisState(t *testing.T, queue, id string) delayq.State {
+func (b bundle) redisState(t *testing.T, queue, id string) dispatch.State {
 	t.Helper()
 	infos, err := b.dq.Inspect(t.Context(), queue, id)
 	if err != nil {
@@ -96,7 +96,7 @@ func TestRefusedTransitionLeavesRedis(t *testing.T) {
 	if err != nil || res.Applied || called {
 		t.Fatalf("kill of an older version: %+v, %v, BeforeRedis called %v", res, err, called)
 	}
-	if st := b.redisState(t, "q", "a"); st != delayq.StateActive {
+	if st := b.redisState(t, "q", "a"); st != dispatch.StateActive {
 		t.Fatalf("Redis holds the run's copy %s, want active", st)
 	}
 	// The row's own version dies in both stores, Postgres first.
@@ -115,7 +115,7 @@ func TestRefusedTransitionLeavesRedis(t *testing.T) {
 	if err != nil || !res.Applied || res.RedisErr != nil || !called {
 		t.Fatalf("kill: %+v, %v, BeforeRedis called %v", res, err, called)
 	}
-	if st := b.redisState(t, "q", "a"); st != delayq.StateDead {
+	if st := b.redisState(t, "q", "a"); st != dispatch.StateDead {
 		t.Fatalf("Redis holds %s, want dead", st)
 	}
 }
@@ -131,7 +131,7 @@ func TestAckDoneTakesOnlyCommittedCompletions(t *testing.T) {
 	if err != nil || len(acked) != 1 || acked[0] {
 		t.Fatalf("ack of a refused completion: %v, %v", acked, err)
 	}
-	if st := b.redisState(t, "q", "a"); st != delayq.StateActive {
+	if st := b.redisState(t, "q", "a"); st != dispatch.StateActive {
 		t.Fatalf("Redis holds %s, want active", st)
 	}
 	d, err := b.ops.MarkDone(ctx, b.pool, c, false)
@@ -146,7 +146,7 @@ func TestAckDoneTakesOnlyCommittedCompletions(t *testing.T) {
 		t.Fatalf("ack: %v, %v", acked, err)
 	}
 	// Done: the record stays for the done retention, or is gone.
-	if st := b.redisState(t, "q", "a"); st != delayq.StateDone && st != delayq.StateMissing {
+	if st := b.redisState(t, "q", "a"); st != dispatch.StateDone && st != dispatch.StateMissing {
 		t.Fatalf("Redis holds %s, want done", st)
 	}
 }
@@ -166,7 +166,7 @@ func TestRemoveFinished(t *testing.T) {
 	if removed, err := b.ops.RemoveFinished(ctx, b.pool, "q", "a"); !removed || err != nil {
 		t.Fatalf("remove a cancelled task: %v, %v", removed, err)
 	}
-	if st := b.redisState(t, "q", "a"); st != delayq.StateMissing {
+	if st := b.redisState(t, "q", "a"); st != dispatch.StateMissing {
 		t.Fatalf("Redis holds %s, want missing", st)
 	}
 	if removed, err := b.ops.RemoveFinished(ctx, b.pool, "q", "a"); removed || err != nil {

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // Every action is a POST of a form with the CSRF token (checked by action), and

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -47,7 +47,7 @@ FROM generate_series(1, $1::int) AS i,
 		b.Fatal(err)
 	}
 	b.Logf("%d rows written in %v", rows, time.Since(start).Round(time.Millisecond))
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,7 +71,7 @@ FROM generate_series(1, $1::int) AS i,
 			for bucket := 20; bucket < 32; bucket++ {
 				pipe.HIncrBy(ctx, key, "l"+strconv.Itoa(bucket), int64(250+bucket))
 			}
-			pipe.Expire(ctx, key, delayq.HistoryRetention)
+			pipe.Expire(ctx, key, dispatch.HistoryRetention)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			b.Fatal(err)

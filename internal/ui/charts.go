@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // The queues page charts the last hour of each queue from its Redis history
@@ -31,9 +31,9 @@ type hourView struct {
 	Lateness     template.HTML
 }
 
-func newHourView(ms []delayq.Minute) hourView {
+func newHourView(ms []dispatch.Minute) hourView {
 	var v hourView
-	var all delayq.Histogram
+	var all dispatch.Histogram
 	for i := range ms {
 		v.Done += ms[i].Done
 		all.Merge(&ms[i].Lateness)
@@ -49,7 +49,7 @@ func newHourView(ms []delayq.Minute) hourView {
 func hhmm(t time.Time) string { return t.UTC().Format("15:04") }
 
 // throughputSVG draws a bar a minute, as high as the tasks done in it.
-func throughputSVG(ms []delayq.Minute) template.HTML {
+func throughputSVG(ms []dispatch.Minute) template.HTML {
 	var top int64
 	for _, m := range ms {
 		top = max(top, m.Done)
@@ -77,7 +77,7 @@ func throughputSVG(ms []delayq.Minute) template.HTML {
 // latenessSVG draws the p50 and p99 of each minute's claims on a log scale, from
 // 1 ms to the decade above the hour's highest p99; a minute without claims breaks
 // the lines.
-func latenessSVG(ms []delayq.Minute) template.HTML {
+func latenessSVG(ms []dispatch.Minute) template.HTML {
 	p50 := make([]time.Duration, len(ms))
 	p99 := make([]time.Duration, len(ms))
 	has := make([]bool, len(ms))
@@ -145,7 +145,7 @@ func latenessSVG(ms []delayq.Minute) template.HTML {
 
 // label writes the time axis (the hour's first and last minutes) and, top left
 // (the recent minutes are on the right), the top of the scale.
-func label(b *strings.Builder, ms []delayq.Minute, top string) {
+func label(b *strings.Builder, ms []dispatch.Minute, top string) {
 	if len(ms) == 0 {
 		return
 	}

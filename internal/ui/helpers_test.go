@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -31,7 +31,7 @@ const testToken = "test-token-0123456789abcdef"
 // env is one test's servers, clients and dashboard.
 type env struct {
 	pool  *pgxpool.Pool
-	dq    *delayq.Client
+	dq    *dispatch.Client
 	ob    *outbox.Client
 	store *taskstate.Store
 	h     *Handler
@@ -42,7 +42,7 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := delayq.New(rdb, delayq.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: 10 * time.Millisecond})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix, ReapBackoffBase: time.Millisecond, ReapBackoffMax: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

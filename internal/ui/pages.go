@@ -16,10 +16,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/taskstate"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 // page is what every template gets.
@@ -183,7 +183,7 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	var (
 		ctls        []taskstate.QueueControl
 		ctlErr      error
-		hist        map[string][]delayq.Minute
+		hist        map[string][]dispatch.Minute
 		histErr     error
 		redisPaused map[string]bool
 		wg          sync.WaitGroup
@@ -242,7 +242,7 @@ func agreeCounts(s reconcile.QueueStats) (bool, string) {
 
 type listRow struct {
 	taskstate.BrowseRow
-	Redis  delayq.TaskInfo
+	Redis  dispatch.TaskInfo
 	Agree  bool
 	Note   string
 	Dueish bool
@@ -389,35 +389,35 @@ func (h *Handler) inspect(ctx context.Context, rows []listRow) error {
 
 // agree tells whether Redis's view of a task is one the design allows for its
 // row, and if not, what differs.
-func agree(row taskstate.BrowseRow, rd delayq.TaskInfo) (bool, string) {
-	in := rd.State == delayq.StateReady || rd.State == delayq.StateActive
+func agree(row taskstate.BrowseRow, rd dispatch.TaskInfo) (bool, string) {
+	in := rd.State == dispatch.StateReady || rd.State == dispatch.StateActive
 	switch row.State {
 	case taskstate.Pending:
 		switch {
-		case rd.State == delayq.StateMissing:
+		case rd.State == dispatch.StateMissing:
 			return true, "waiting for the relay"
 		case in && rd.Version < row.Version:
 			return true, fmt.Sprintf("older version %d in Redis: the relay replaces it", rd.Version)
 		case in:
 			return true, "the relay is moving it"
-		case rd.State == delayq.StateDead || rd.State == delayq.StateDone:
+		case rd.State == dispatch.StateDead || rd.State == dispatch.StateDone:
 			return true, "a finished record of an earlier life: the relay replaces it"
 		}
 	case taskstate.Queued:
 		switch {
 		case in && rd.Version == row.Version:
 			return true, ""
-		case rd.State == delayq.StateMissing:
+		case rd.State == dispatch.StateMissing:
 			return false, "missing in Redis: reconcile restores it"
 		case in:
 			return false, fmt.Sprintf("Redis holds version %d", rd.Version)
-		case rd.State == delayq.StateDead:
+		case rd.State == dispatch.StateDead:
 			return false, "dead in Redis: the worker's death is being recorded, or reconcile mirrors it"
 		}
 		return false, "done in Redis, queued in Postgres"
 	case taskstate.Dead:
 		switch rd.State {
-		case delayq.StateDead, delayq.StateMissing:
+		case dispatch.StateDead, dispatch.StateMissing:
 			return true, ""
 		}
 		return false, "dead in Postgres, " + string(rd.State) + " in Redis: reconcile repairs it"
@@ -443,7 +443,7 @@ type taskData struct {
 	Queue, ID   string
 	Found       bool
 	Row         taskstate.TaskRow
-	Redis       delayq.TaskInfo
+	Redis       dispatch.TaskInfo
 	RedisErr    string
 	Agree       bool
 	Note        string
@@ -482,12 +482,12 @@ func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
 		d.RedisPaySz = len(d.Redis.Payload)
 		d.Redis.Payload = nil // shown from Postgres, the truth
 	}
-	if !ok && (d.Redis.State == "" || d.Redis.State == delayq.StateMissing) {
+	if !ok && (d.Redis.State == "" || d.Redis.State == dispatch.StateMissing) {
 		w.WriteHeader(http.StatusNotFound)
 	}
 	if ok && d.RedisErr == "" {
 		d.Agree, d.Note = agree(row.BrowseRow, d.Redis)
-	} else if !ok && d.Redis.State != "" && d.Redis.State != delayq.StateMissing {
+	} else if !ok && d.Redis.State != "" && d.Redis.State != dispatch.StateMissing {
 		d.Note = "in Redis only: no outbox row (enqueued into Redis directly, or purged)"
 	}
 	if ok && !h.cfg.HidePayloads {

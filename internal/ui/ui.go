@@ -35,11 +35,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/relay/reconcile"
 )
 
 //go:embed templates/*.html
@@ -56,7 +56,7 @@ type Config struct {
 	// DB is PostgreSQL (*pgxpool.Pool), Redis the delayq client, Outbox the
 	// producer client whose Config names the schema. All three are required.
 	DB     reconcile.DB
-	Redis  *delayq.Client
+	Redis  *dispatch.Client
 	Outbox *outbox.Client
 
 	// Token authenticates actions: typed into the login form (which sets a
