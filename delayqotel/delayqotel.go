@@ -27,7 +27,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -98,11 +98,11 @@ func NewWorkerObserver(opts *Options) *WorkerObserver {
 }
 
 // Claim does nothing: a claim belongs to no one task's trace.
-func (o *WorkerObserver) Claim(context.Context, worker.ClaimEvent) {}
+func (o *WorkerObserver) Claim(context.Context, delayq.ClaimEvent) {}
 
 // RunStart starts the run's span, a child of the enqueue's span when the task has
 // a trace context (else a root).
-func (o *WorkerObserver) RunStart(ctx context.Context, t *worker.Task) context.Context {
+func (o *WorkerObserver) RunStart(ctx context.Context, t *delayq.Task) context.Context {
 	attrs := append(taskAttrs(t.Queue, t.ID),
 		attribute.Int("delayq.attempt", t.Attempt),
 		attribute.Int("delayq.version", t.Version),
@@ -114,7 +114,7 @@ func (o *WorkerObserver) RunStart(ctx context.Context, t *worker.Task) context.C
 
 // RunEnd ends the run's span with its outcome: an error status for a failed run
 // (retried or dead), unset otherwise.
-func (o *WorkerObserver) RunEnd(ctx context.Context, _ *worker.Task, e worker.RunEndEvent) {
+func (o *WorkerObserver) RunEnd(ctx context.Context, _ *delayq.Task, e delayq.RunEndEvent) {
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(attribute.String("delayq.outcome", string(e.Outcome)),
 		attribute.Bool("delayq.lease_lost", e.LeaseLost))

@@ -30,7 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
@@ -144,9 +144,9 @@ func New(t testing.TB, o Options) *Env {
 }
 
 // Worker returns a worker on the test's servers with cfg.
-func (e *Env) Worker(t testing.TB, cfg worker.Config) *worker.Worker {
+func (e *Env) Worker(t testing.TB, cfg delayq.WorkerConfig) *delayq.Worker {
 	t.Helper()
-	w, err := worker.New(e.Pool, e.DelayQ, e.Outbox, cfg)
+	w, err := delayq.NewWorker(e.Pool, e.DelayQ, e.Outbox, cfg)
 	if err != nil {
 		t.Fatalf("delayqtest: %v", err)
 	}
@@ -159,7 +159,7 @@ func (e *Env) Worker(t testing.TB, cfg worker.Config) *worker.Worker {
 // the handler, the completion guard and commit, the hooks and the Redis ack. It
 // fails the test when the task is not in the outbox, is finished, or another task
 // ran. The result says how the run ended.
-func (e *Env) Work(ctx context.Context, t testing.TB, w *worker.Worker, queue, id string) worker.WorkResult {
+func (e *Env) Work(ctx context.Context, t testing.TB, w *delayq.Worker, queue, id string) delayq.WorkResult {
 	t.Helper()
 	rows, err := e.Pool.Query(ctx, statements.Lookup, queue, []string{id})
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
@@ -141,14 +141,14 @@ func TestWork(t *testing.T) {
 	if _, err := e.Pool.Exec(ctx, `CREATE TABLE ledger (order_id text, cents int); CREATE TABLE failed (order_id text)`); err != nil {
 		t.Fatal(err)
 	}
-	w := e.Worker(t, worker.Config{})
-	err := worker.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *worker.Task, c charge) error {
+	w := e.Worker(t, delayq.WorkerConfig{})
+	err := delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		if c.Cents < 0 {
-			return worker.NoRetry(errors.New("negative charge"))
+			return delayq.NoRetry(errors.New("negative charge"))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, $2)`, c.Order, c.Cents)
 		return err
-	}, worker.QueueConfig{OnDead: func(ctx context.Context, tx pgx.Tx, tk *worker.Task, _ error) error {
+	}, delayq.QueueConfig{OnDead: func(ctx context.Context, tx pgx.Tx, tk *delayq.Task, _ error) error {
 		_, err := tx.Exec(ctx, `INSERT INTO failed VALUES ($1)`, tk.ID)
 		return err
 	}})
@@ -160,10 +160,10 @@ func TestWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-1"); res.Outcome != worker.OutcomeSucceeded || res.Err != nil || res.Task.Attempt != 1 {
+	if res := e.Work(ctx, t, w, "charge", "o-1"); res.Outcome != delayq.OutcomeSucceeded || res.Err != nil || res.Task.Attempt != 1 {
 		t.Errorf("o-1: %+v", res)
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-2"); res.Outcome != worker.OutcomeDead || res.Err == nil {
+	if res := e.Work(ctx, t, w, "charge", "o-2"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
 		t.Errorf("o-2: %+v", res)
 	}
 	var ledger, failed int
@@ -201,12 +201,12 @@ func TestWorkHandsTheRelaysTask(t *testing.T) {
 	t.Parallel()
 	e := env(t)
 	ctx := context.Background()
-	w := e.Worker(t, worker.Config{})
-	var got *worker.Task
-	if err := worker.Register(w, charges, func(_ context.Context, tk *worker.Task, _ charge) error {
+	w := e.Worker(t, delayq.WorkerConfig{})
+	var got *delayq.Task
+	if err := delayq.Register(w, charges, func(_ context.Context, tk *delayq.Task, _ charge) error {
 		got = tk
 		return nil
-	}, worker.QueueConfig{}); err != nil {
+	}, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	const trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -215,7 +215,7 @@ func TestWorkHandsTheRelaysTask(t *testing.T) {
 		StartBy: startBy, Priority: 3}, charge{"o-9", 1}); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-9"); res.Outcome != worker.OutcomeSucceeded || got == nil {
+	if res := e.Work(ctx, t, w, "charge", "o-9"); res.Outcome != delayq.OutcomeSucceeded || got == nil {
 		t.Fatalf("o-9: %+v", res)
 	}
 	if got.TraceContext != trace || !got.StartBy.Equal(startBy) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
 	"github.com/delayq/delayq/outbox"
 )
@@ -46,13 +46,13 @@ func Example() {
 		t.Fatal(err)
 	}
 
-	w := e.Worker(t, worker.Config{})
-	_ = worker.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *worker.Task, c charge) error {
+	w := e.Worker(t, delayq.WorkerConfig{})
+	_ = delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		_, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1`, c.Order)
 		return err
-	}, worker.QueueConfig{})
+	}, delayq.QueueConfig{})
 	res := e.Work(ctx, t, w, charges.Name, "order-1") // now, not in 30 minutes
-	if res.Outcome != worker.OutcomeSucceeded {
+	if res.Outcome != delayq.OutcomeSucceeded {
 		t.Fatalf("charge: %v %v", res.Outcome, res.Err)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -46,17 +46,17 @@ func TestRelayAndWorkerOnAWrappedDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	wdb := &countingDB{Pool: testenv.Pool(t, b.url)}
-	w, err := worker.New(wdb, b.dq, b.ob, worker.Config{})
+	w, err := delayq.NewWorker(wdb, b.dq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE effects (id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+	if err := w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, tk.ID)
 		return err
-	}, worker.QueueConfig{}); err != nil {
+	}, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 2)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -53,7 +53,7 @@ func TestObserverAndSharedRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second relay on the registry: %v", err)
 	}
-	if _, err := worker.New(b.pool, b.dq, b.ob, worker.Config{Registerer: reg}); err != nil {
+	if _, err := delayq.NewWorker(b.pool, b.dq, b.ob, delayq.WorkerConfig{Registerer: reg}); err != nil {
 		t.Fatalf("a worker on the relays' registry: %v", err)
 	}
 

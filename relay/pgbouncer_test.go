@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/relay"
@@ -55,16 +55,16 @@ func TestPollOnlyThroughPgBouncer(t *testing.T) {
 		runUntilCleanup(t, rl.Run)
 	}
 	pool := testenv.Pool(t, url)
-	w, err := worker.New(pool, b.dq, b.ob, worker.Config{Logger: testLogger(t)})
+	w, err := delayq.NewWorker(pool, b.dq, b.ob, delayq.WorkerConfig{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var runs atomic.Int64
-	err = w.HandleTx("pgb", func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+	err = w.HandleTx("pgb", func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 		runs.Add(1)
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, tk.ID)
 		return err
-	}, worker.QueueConfig{})
+	}, delayq.QueueConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -97,14 +97,14 @@ func TestScheduleThreeRelaysExactlyOnce(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE runs (id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(b.pool, b.dq, b.ob, worker.Config{})
+	w, err := delayq.NewWorker(b.pool, b.dq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.HandleTx("ticks", func(ctx context.Context, tx pgx.Tx, task *worker.Task) error {
+	err = w.HandleTx("ticks", func(ctx context.Context, tx pgx.Tx, task *delayq.Task) error {
 		_, err := tx.Exec(ctx, `INSERT INTO runs (id) VALUES ($1)`, task.ID)
 		return err
-	}, worker.QueueConfig{Concurrency: 8})
+	}, delayq.QueueConfig{Concurrency: 8})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
@@ -99,16 +99,16 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(b.pool, wdq, b.ob, worker.Config{})
+	w, err := delayq.NewWorker(b.pool, wdq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Handle(queue, func(_ context.Context, tk *worker.Task) error {
+	if err := w.Handle(queue, func(_ context.Context, tk *delayq.Task) error {
 		mu.Lock()
 		runs[tk.ID]++
 		mu.Unlock()
 		return nil
-	}, worker.QueueConfig{}); err != nil {
+	}, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	run(t, w.Run)

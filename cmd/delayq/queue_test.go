@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -58,14 +58,14 @@ func TestQueuePauseUnderLoad(t *testing.T) {
 	}
 	goRun(rl.Run)
 	for range 2 {
-		w, err := worker.New(b.pool, b.dq, ob, worker.Config{})
+		w, err := delayq.NewWorker(b.pool, b.dq, ob, delayq.WorkerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = w.HandleTx("load", func(ctx context.Context, tx pgx.Tx, task *worker.Task) error {
+		err = w.HandleTx("load", func(ctx context.Context, tx pgx.Tx, task *delayq.Task) error {
 			_, err := tx.Exec(ctx, `INSERT INTO runs (id) VALUES ($1)`, task.ID)
 			return err
-		}, worker.QueueConfig{Concurrency: 8})
+		}, delayq.QueueConfig{Concurrency: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/migrations"
@@ -166,11 +166,11 @@ func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Po
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Lease: 5 * time.Second})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second})
 	if err != nil {
 		return err
 	}
-	handle := func(ctx context.Context, t *worker.Task) error {
+	handle := func(ctx context.Context, t *delayq.Task) error {
 		select { // the work takes a while, so some tasks are seen active
 		case <-time.After(time.Duration(50+mathrand.IntN(400)) * time.Millisecond):
 		case <-ctx.Done():
@@ -178,13 +178,13 @@ func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Po
 		}
 		switch p := string(t.Payload); {
 		case strings.Contains(p, `"doomed"`):
-			return worker.NoRetry(errors.New("card declined: insufficient funds (demo)"))
+			return delayq.NoRetry(errors.New("card declined: insufficient funds (demo)"))
 		case strings.Contains(p, `"flaky"`) && t.Attempt == 1:
 			return errors.New("payment gateway timeout (demo: retried)")
 		}
 		return nil
 	}
-	qcfg := worker.QueueConfig{Concurrency: 8, Backoff: worker.Backoff{Base: time.Second, Max: 5 * time.Second}}
+	qcfg := delayq.QueueConfig{Concurrency: 8, Backoff: delayq.Backoff{Base: time.Second, Max: 5 * time.Second}}
 	for _, q := range []string{"charge", "email"} {
 		if err := w.Handle(q, handle, qcfg); err != nil {
 			return err

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -125,13 +125,13 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	if heartbeat == 0 {
 		heartbeat = lease / 3
 	}
-	cfg := worker.Config{Lease: lease, HeartbeatInterval: heartbeat, ShutdownTimeout: shutdownTimeout, Logger: logger}
+	cfg := delayq.WorkerConfig{Lease: lease, HeartbeatInterval: heartbeat, ShutdownTimeout: shutdownTimeout, Logger: logger}
 	if shutdownTimeout == 0 {
 		cfg.ShutdownTimeout = -1
 	}
-	qcfg := worker.QueueConfig{
+	qcfg := delayq.QueueConfig{
 		Concurrency: concurrency, MaxAttempts: maxAttempts, ClearPayload: clearPayload,
-		Backoff: worker.Backoff{Base: backoffBase, Max: backoffMax},
+		Backoff: delayq.Backoff{Base: backoffBase, Max: backoffMax},
 	}
 	for _, d := range []struct {
 		name string
@@ -143,7 +143,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	for _, err := range []error{cfg.Validate(), qcfg.Validate()} {
 		if err != nil {
-			return usagef("%s", strings.TrimPrefix(err.Error(), worker.ErrInvalidConfig.Error()+": "))
+			return usagef("%s", strings.TrimPrefix(err.Error(), delayq.ErrInvalidConfig.Error()+": "))
 		}
 	}
 	ob, err := outbox.New(outbox.Config{Schema: conn.schema})
@@ -157,7 +157,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	defer deps.close()
 	cfg.Registerer = deps.reg
-	w, err := worker.New(deps.pool, deps.dq, ob, cfg)
+	w, err := delayq.NewWorker(deps.pool, deps.dq, ob, cfg)
 	if err != nil {
 		return err
 	}
@@ -213,7 +213,7 @@ func taskEnviron() []string {
 	return out
 }
 
-func (h execHandler) handle(ctx context.Context, t *worker.Task) error {
+func (h execHandler) handle(ctx context.Context, t *delayq.Task) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", h.command)
 	cmd.Stdin = bytes.NewReader(t.Payload)
 	out := &tailBuffer{max: 4 << 10}
@@ -241,7 +241,7 @@ func (h execHandler) handle(ctx context.Context, t *worker.Task) error {
 	}
 	var exitErr *exec.ExitError
 	if h.deadExit != 0 && errors.As(err, &exitErr) && exitErr.ExitCode() == h.deadExit {
-		return worker.NoRetry(errors.New(msg))
+		return delayq.NoRetry(errors.New(msg))
 	}
 	return errors.New(msg)
 }
@@ -276,14 +276,14 @@ func (t *tailBuffer) tail(n int) string {
 
 // parseWeights reads --weights (NAME=WEIGHT,...), which must name every queue of
 // --queue once, into a priority group of concurrency slots; nil without --weights.
-func parseWeights(spec string, strict bool, queues []string, concurrency int) (*worker.PriorityGroup, error) {
+func parseWeights(spec string, strict bool, queues []string, concurrency int) (*delayq.PriorityGroup, error) {
 	if strings.TrimSpace(spec) == "" {
 		if strict {
 			return nil, usagef("--strict needs --weights")
 		}
 		return nil, nil
 	}
-	g := worker.PriorityGroup{Queues: map[string]int{}, Strict: strict, Concurrency: concurrency}
+	g := delayq.PriorityGroup{Queues: map[string]int{}, Strict: strict, Concurrency: concurrency}
 	for item := range strings.SplitSeq(spec, ",") {
 		name, w, ok := strings.Cut(strings.TrimSpace(item), "=")
 		n, err := strconv.Atoi(w)
@@ -304,7 +304,7 @@ func parseWeights(spec string, strict bool, queues []string, concurrency int) (*
 		return nil, usagef("--weights names a queue that is not in --queue")
 	}
 	if err := g.Validate(); err != nil {
-		return nil, usagef("--weights: %s", strings.TrimPrefix(err.Error(), worker.ErrInvalidConfig.Error()+": "))
+		return nil, usagef("--weights: %s", strings.TrimPrefix(err.Error(), delayq.ErrInvalidConfig.Error()+": "))
 	}
 	return &g, nil
 }

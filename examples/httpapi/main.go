@@ -30,7 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -90,11 +90,11 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Logger: log})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: log})
 	if err != nil {
 		return err
 	}
-	if err := w.Handle(queue, sendWelcome(pool, log), worker.QueueConfig{Concurrency: 4}); err != nil {
+	if err := w.Handle(queue, sendWelcome(pool, log), delayq.QueueConfig{Concurrency: 4}); err != nil {
 		return err
 	}
 
@@ -165,8 +165,8 @@ func signup(db *sql.DB, ob *outbox.Client, delay time.Duration) http.HandlerFunc
 
 // sendWelcome stands in for a mail provider call. It records the send with the
 // task's idempotency key, as a provider would use it to drop repeated requests.
-func sendWelcome(pool *pgxpool.Pool, log *slog.Logger) worker.Handler {
-	return func(ctx context.Context, t *worker.Task) error {
+func sendWelcome(pool *pgxpool.Pool, log *slog.Logger) delayq.Handler {
+	return func(ctx context.Context, t *delayq.Task) error {
 		_, err := pool.Exec(ctx, `INSERT INTO sent_emails (email, idempotency_key) VALUES ($1::jsonb->>'email', $2)`,
 			string(t.Payload), t.IdempotencyKey())
 		if err == nil {

@@ -29,7 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -127,14 +127,14 @@ func enqueue(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, start, 
 
 // register adds the charge handler: the ledger row commits with the task's
 // completion. OnDead marks the order of a declined charge with its death.
-func register(w *worker.Worker, concurrency int) error {
-	return worker.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, t *worker.Task, c Charge) error {
+func register(w *delayq.Worker, concurrency int) error {
+	return delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
 		if c.AmountCents <= 0 {
-			return worker.NoRetry(errors.New("card declined"))
+			return delayq.NoRetry(errors.New("card declined"))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO payment_ledger (order_id, amount_cents) VALUES ($1, $2)`, t.ID, c.AmountCents)
 		return err
-	}, worker.QueueConfig{Concurrency: concurrency, OnDead: func(ctx context.Context, tx pgx.Tx, t *worker.Task, _ error) error {
+	}, delayq.QueueConfig{Concurrency: concurrency, OnDead: func(ctx context.Context, tx pgx.Tx, t *delayq.Task, _ error) error {
 		_, err := tx.Exec(ctx, `UPDATE orders SET status = 'payment_failed' WHERE id = $1`, t.ID)
 		return err
 	}})
@@ -150,7 +150,7 @@ func work(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, concurrenc
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}

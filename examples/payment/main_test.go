@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
 	"github.com/delayq/delayq/internal/testenv"
 )
@@ -17,12 +17,12 @@ import (
 // DELAYQ_TEST_REDIS_URL and passes delayqtest.Options{} instead.)
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func newEnv(t *testing.T) (*delayqtest.Env, *worker.Worker) {
+func newEnv(t *testing.T) (*delayqtest.Env, *delayq.Worker) {
 	e := delayqtest.New(t, delayqtest.Options{PostgresURL: testenv.PostgresURL(t), RedisURL: testenv.RedisURL(t)})
 	if err := setup(context.Background(), e.Pool); err != nil {
 		t.Fatal(err)
 	}
-	w := e.Worker(t, worker.Config{})
+	w := e.Worker(t, delayq.WorkerConfig{})
 	if err := register(w, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestChargeOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, charges.Name, "order-1"); res.Outcome != worker.OutcomeSucceeded {
+	if res := e.Work(ctx, t, w, charges.Name, "order-1"); res.Outcome != delayq.OutcomeSucceeded {
 		t.Fatalf("charge: %+v", res)
 	}
 	var rows int
@@ -71,7 +71,7 @@ func TestDeclinedCharge(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, charges.Name, "order-0"); res.Outcome != worker.OutcomeDead || res.Err == nil {
+	if res := e.Work(ctx, t, w, charges.Name, "order-0"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
 		t.Fatalf("declined charge: %+v", res)
 	}
 	var status string

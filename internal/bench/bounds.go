@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -232,21 +232,21 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 			return "", "", "", "", err
 		}
 	}
-	w, err := worker.New(pool, s.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return "", "", "", "", err
 	}
-	if err := w.HandleTx("bound", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+	if err := w.HandleTx("bound", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		if t.ID != writeID {
 			return nil
 		}
 		_, err := tx.Exec(ctx, writeSQL, t.ID)
 		return err
-	}, worker.QueueConfig{}); err != nil {
+	}, delayq.QueueConfig{}); err != nil {
 		return "", "", "", "", err
 	}
-	if err := w.HandleTx("bound-group", func(context.Context, pgx.Tx, *worker.Task) error { return nil },
-		worker.QueueConfig{GroupCommit: worker.GroupCommit{MaxTasks: 2, MaxWait: time.Millisecond}}); err != nil {
+	if err := w.HandleTx("bound-group", func(context.Context, pgx.Tx, *delayq.Task) error { return nil },
+		delayq.QueueConfig{GroupCommit: delayq.GroupCommit{MaxTasks: 2, MaxWait: time.Millisecond}}); err != nil {
 		return "", "", "", "", err
 	}
 	stop := s.background(ctx, w.Run)

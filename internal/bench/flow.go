@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
@@ -387,14 +387,14 @@ const (
 
 // groupCommit is the group-commit workloads' queue setting: groups of up to 64
 // tasks, four at once (each on a connection of its own).
-var groupCommit = worker.QueueConfig{Concurrency: 256, GroupCommit: worker.GroupCommit{MaxTasks: 64}}
+var groupCommit = delayq.QueueConfig{Concurrency: 256, GroupCommit: delayq.GroupCommit{MaxTasks: 64}}
 
 // drain: tasks due now already in Redis (and queued in the outbox), 32 handler
 // slots (or groupCommit's); tasks per second until every one is done.
 func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *Result) error {
 	return func(ctx context.Context, s *session, r *Result) error {
 		n := s.n(20_000)
-		qc := worker.QueueConfig{Concurrency: 32}
+		qc := delayq.QueueConfig{Concurrency: 32}
 		if group {
 			qc = groupCommit
 			r.Params["group_max_tasks"], r.Params["group_max_wait"] = qc.GroupCommit.MaxTasks, qc.WithDefaults().GroupCommit.MaxWait.String()
@@ -428,7 +428,7 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 			return err
 		}
 		var claims claimCounter
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{Observer: &claims})
+		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{Observer: &claims})
 		if err != nil {
 			return err
 		}
@@ -436,17 +436,17 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		name := "drain_tx"
 		switch kind {
 		case drainTx:
-			err = w.HandleTx("bench", func(context.Context, pgx.Tx, *worker.Task) error { calls.Add(1); return nil }, qc)
+			err = w.HandleTx("bench", func(context.Context, pgx.Tx, *delayq.Task) error { calls.Add(1); return nil }, qc)
 		case drainTxWrite:
 			name = "drain_tx_write"
-			err = w.HandleTx("bench", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+			err = w.HandleTx("bench", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 				calls.Add(1)
 				_, err := tx.Exec(ctx, writeSQL, t.ID)
 				return err
 			}, qc)
 		case drainPlain:
 			name = "drain_plain"
-			err = w.Handle("bench", func(context.Context, *worker.Task) error { calls.Add(1); return nil }, qc)
+			err = w.Handle("bench", func(context.Context, *delayq.Task) error { calls.Add(1); return nil }, qc)
 		}
 		if err != nil {
 			return err
@@ -510,15 +510,15 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 // tasks.
 type claimCounter struct{ calls, tasks atomic.Int64 }
 
-func (c *claimCounter) Claim(_ context.Context, e worker.ClaimEvent) {
+func (c *claimCounter) Claim(_ context.Context, e delayq.ClaimEvent) {
 	if e.Claimed > 0 {
 		c.calls.Add(1)
 		c.tasks.Add(int64(e.Claimed))
 	}
 }
 
-func (*claimCounter) RunStart(ctx context.Context, _ *worker.Task) context.Context { return ctx }
-func (*claimCounter) RunEnd(context.Context, *worker.Task, worker.RunEndEvent)     {}
+func (*claimCounter) RunStart(ctx context.Context, _ *delayq.Task) context.Context { return ctx }
+func (*claimCounter) RunEnd(context.Context, *delayq.Task, delayq.RunEndEvent)     {}
 
 // lateness: tasks due 5 s after the workers start, spread evenly over spread,
 // going the whole way (outbox, relay, Redis, worker); handler start − due time.
@@ -532,15 +532,15 @@ func lateness(tasks int, spread time.Duration) func(context.Context, *session, *
 
 func latenessRun(ctx context.Context, s *session, r *Result, n int, spread time.Duration) error {
 	r.Params["tasks"], r.Params["spread"] = n, spread.String()
-	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
 	var st starts
-	err = w.Handle("bench", func(_ context.Context, t *worker.Task) error {
+	err = w.Handle("bench", func(_ context.Context, t *delayq.Task) error {
 		st.record(t)
 		return nil
-	}, worker.QueueConfig{Concurrency: 32})
+	}, delayq.QueueConfig{Concurrency: 32})
 	if err != nil {
 		return err
 	}
@@ -588,7 +588,7 @@ type starts struct {
 }
 
 // record is called first thing in a handler.
-func (s *starts) record(t *worker.Task) {
+func (s *starts) record(t *delayq.Task) {
 	late := time.Since(t.Due)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -615,11 +615,11 @@ func idle(ctx context.Context, s *session, r *Result) error {
 		window = 2 * time.Second
 	}
 	r.Params["window"] = window.String()
-	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
-	if err := w.Handle("bench", func(context.Context, *worker.Task) error { return nil }, worker.QueueConfig{}); err != nil {
+	if err := w.Handle("bench", func(context.Context, *delayq.Task) error { return nil }, delayq.QueueConfig{}); err != nil {
 		return err
 	}
 	// One task far in the future: a worker with something scheduled, not an empty queue.

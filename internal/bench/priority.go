@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 )
 
 // priorityWeights are the priority workload's queues and weights.
@@ -54,19 +54,19 @@ func priority(ctx context.Context, s *session, r *Result) error {
 		mu    sync.Mutex
 		order []string // the queue of each start, in start order
 	)
-	handle := func(_ context.Context, t *worker.Task) error {
+	handle := func(_ context.Context, t *delayq.Task) error {
 		mu.Lock()
 		order = append(order, t.Queue)
 		mu.Unlock()
 		return nil
 	}
-	elapsed, err := runPriorityWorkers(ctx, s, "the starts", func(w *worker.Worker) error {
+	elapsed, err := runPriorityWorkers(ctx, s, "the starts", func(w *delayq.Worker) error {
 		for _, q := range priorityWeights {
-			if err := w.Handle(q.name, handle, worker.QueueConfig{Concurrency: prioritySlots}); err != nil {
+			if err := w.Handle(q.name, handle, delayq.QueueConfig{Concurrency: prioritySlots}); err != nil {
 				return err
 			}
 		}
-		return w.Prioritize(worker.PriorityGroup{Queues: weights, Concurrency: prioritySlots})
+		return w.Prioritize(delayq.PriorityGroup{Queues: weights, Concurrency: prioritySlots})
 	}, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -135,7 +135,7 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 		mu    sync.Mutex
 		order []int // the priority of each start, in start order
 	)
-	handle := func(_ context.Context, t *worker.Task) error {
+	handle := func(_ context.Context, t *delayq.Task) error {
 		var j int
 		if _, err := fmt.Sscanf(t.ID, "task-%d", &j); err != nil {
 			return err
@@ -145,8 +145,8 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 		mu.Unlock()
 		return nil
 	}
-	elapsed, err := runPriorityWorkers(ctx, s, "the within-queue starts", func(w *worker.Worker) error {
-		return w.Handle(queue, handle, worker.QueueConfig{Concurrency: prioritySlots})
+	elapsed, err := runPriorityWorkers(ctx, s, "the within-queue starts", func(w *delayq.Worker) error {
+		return w.Handle(queue, handle, delayq.QueueConfig{Concurrency: prioritySlots})
 	}, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -184,10 +184,10 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 // runPriorityWorkers runs priorityWorkers workers, each given its handlers by
 // setup, until done says so (what names the wait in its timeout), and stops them;
 // it returns how long they ran.
-func runPriorityWorkers(ctx context.Context, s *session, what string, setup func(*worker.Worker) error, done func() bool) (time.Duration, error) {
+func runPriorityWorkers(ctx context.Context, s *session, what string, setup func(*delayq.Worker) error, done func() bool) (time.Duration, error) {
 	var stops []func() error
 	for range priorityWorkers {
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 		if err == nil {
 			err = setup(w)
 		}

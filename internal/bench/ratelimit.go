@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -46,12 +46,12 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	)
 	var stops []func() error
 	for range rateLimitWorkers {
-		w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 		if err != nil {
 			return err
 		}
-		qc := worker.QueueConfig{Concurrency: 32}
-		if err := w.Handle("limited", func(_ context.Context, t *worker.Task) error {
+		qc := delayq.QueueConfig{Concurrency: 32}
+		if err := w.Handle("limited", func(_ context.Context, t *delayq.Task) error {
 			mu.Lock()
 			claims = append(claims, t.ClaimedAt)
 			mu.Unlock()
@@ -59,7 +59,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 		}, qc); err != nil {
 			return err
 		}
-		if err := w.Handle("other", func(context.Context, *worker.Task) error {
+		if err := w.Handle("other", func(context.Context, *delayq.Task) error {
 			otherDone.Add(1)
 			otherLast.Store(time.Now().UnixNano())
 			return nil

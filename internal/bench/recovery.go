@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 )
 
 // recovery: a worker process is SIGKILLed 1 s into a 60 s task; how long until
@@ -51,17 +51,17 @@ func recovery(ctx context.Context, s *session, r *Result) error {
 	}
 	killed := time.Now()
 
-	w, err := worker.New(s.pool, s.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
 	var rerunAt atomic.Int64
 	var attempt atomic.Int64
-	err = w.Handle("bench", func(_ context.Context, t *worker.Task) error {
+	err = w.Handle("bench", func(_ context.Context, t *delayq.Task) error {
 		rerunAt.CompareAndSwap(0, time.Now().UnixNano())
 		attempt.Store(int64(t.Attempt))
 		return nil
-	}, worker.QueueConfig{})
+	}, delayq.QueueConfig{})
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
@@ -173,14 +173,14 @@ func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) err
 	stopRelay := sync.OnceValue(s.background(ctx, rl.Run))
 	defer stopRelay() //nolint:errcheck // stopped below; this one for early returns
 
-	w, err := worker.New(s.pool, tgt.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(s.pool, tgt.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
-	err = w.HandleTx("bench", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+	err = w.HandleTx("bench", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		_, err := tx.Exec(ctx, `INSERT INTO bench_effects VALUES ($1, $2, $3)`, t.ID, t.Due, t.ClaimedAt)
 		return err
-	}, worker.QueueConfig{Concurrency: 32})
+	}, delayq.QueueConfig{Concurrency: 32})
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
@@ -223,13 +223,13 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	r.Checks[name+"_misplaced"], want[name+"_misplaced"] = misplaced, 0
 
 	// The drain.
-	w, err := worker.New(s.pool, g.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(s.pool, g.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
 	runs := make([]atomic.Int32, n)
 	var unknown atomic.Int64
-	err = w.Handle(queue, func(_ context.Context, t *worker.Task) error {
+	err = w.Handle(queue, func(_ context.Context, t *delayq.Task) error {
 		j, err := strconv.Atoi(strings.TrimPrefix(t.ID, queue+"-"))
 		if err != nil || j < 0 || j >= n {
 			unknown.Add(1)
@@ -237,7 +237,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 		}
 		runs[j].Add(1)
 		return nil
-	}, worker.QueueConfig{Concurrency: ph.slots})
+	}, delayq.QueueConfig{Concurrency: ph.slots})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -125,7 +125,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(workerPool, s.dq, s.ob, worker.Config{})
+	w, err := delayq.NewWorker(workerPool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
@@ -134,7 +134,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 		enqueue atomic.Int64
 	)
 	done := func() int64 { return w.Stats().Succeeded } // completions committed
-	err = w.HandleTx("soak", func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+	err = w.HandleTx("soak", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		stats.started(t)
 		if t.Attempt == 1 && failsOnce(t.ID) {
 			failed.Add(1)
@@ -346,10 +346,10 @@ func failsOnce(id string) bool {
 
 // soakQueueConfig is the soak queue's: its retry backoff, and 32 slots committing
 // each run alone, or 256 slots committing up to group runs a transaction.
-func soakQueueConfig(group int) worker.QueueConfig {
-	qc := worker.QueueConfig{Concurrency: 32, Backoff: worker.Backoff{Base: 100 * time.Millisecond, Max: time.Second}}
+func soakQueueConfig(group int) delayq.QueueConfig {
+	qc := delayq.QueueConfig{Concurrency: 32, Backoff: delayq.Backoff{Base: 100 * time.Millisecond, Max: time.Second}}
 	if group > 0 {
-		qc.Concurrency, qc.GroupCommit = 256, worker.GroupCommit{MaxTasks: group}
+		qc.Concurrency, qc.GroupCommit = 256, delayq.GroupCommit{MaxTasks: group}
 	}
 	return qc
 }

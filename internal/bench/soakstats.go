@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -148,7 +148,7 @@ func (s *soakStats) enqueued(g0 int64, d time.Duration) {
 	})
 }
 
-func (s *soakStats) started(t *worker.Task) {
+func (s *soakStats) started(t *delayq.Task) {
 	late := time.Since(t.Due)
 	s.lock(func(w *soakWindow) {
 		if t.ClaimedAt.Before(t.Due) || late < 0 {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -487,8 +487,8 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			tasks = append(tasks, tk)
 		}
 	}
-	handler := func(name string) worker.TxHandler {
-		return func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+	handler := func(name string) delayq.TxHandler {
+		return func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 			if err := effect(ctx, tx, name, tk); err != nil {
 				return err
 			}
@@ -499,18 +499,18 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			return nil
 		}
 	}
-	var workers []*worker.Worker
+	var workers []*delayq.Worker
 	for _, name := range []string{"w1", "w2"} {
 		// 50 queues × 2 handlers share 16 connections: a handler waits for one
 		// while its heartbeats keep the lease.
-		w, err := worker.New(pg.workerPool(t), dq, pg.ob, worker.Config{
+		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
 			ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second, Logger: testLogger(t, name)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, q := range queues {
-			if err := w.HandleTx(q, handler(name), worker.QueueConfig{Concurrency: 2,
-				Backoff: worker.Backoff{Base: 50 * time.Millisecond, Max: 100 * time.Millisecond}}); err != nil {
+			if err := w.HandleTx(q, handler(name), delayq.QueueConfig{Concurrency: 2,
+				Backoff: delayq.Backoff{Base: 50 * time.Millisecond, Max: 100 * time.Millisecond}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -552,7 +552,7 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	if lateMS > 15000 {
 		t.Errorf("a task was claimed %.0fms after it was due: wake-ups missed", lateMS)
 	}
-	var st [2]worker.Stats
+	var st [2]delayq.Stats
 	for i, w := range workers {
 		st[i] = w.Stats()
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -141,7 +141,7 @@ func (p pgBundle) workerPool(t testing.TB) *pgxpool.Pool {
 }
 
 // effect is the transactional effect of a task: one row in effects.
-func effect(ctx context.Context, tx pgx.Tx, name string, t *worker.Task) error {
+func effect(ctx context.Context, tx pgx.Tx, name string, t *delayq.Task) error {
 	_, err := tx.Exec(ctx, `INSERT INTO effects (queue, task_id, attempt, worker, due, claimed_at)
 		VALUES ($1, $2, $3, $4, $5, $6)`, t.Queue, t.ID, t.Attempt, name, t.Due, t.ClaimedAt)
 	return err
@@ -238,20 +238,20 @@ func runRelay(t testing.TB, url string, dq *dispatch.Client, cfg relay.Config) *
 
 // startEffectWorkers runs workers w1 and w2 on every queue, with transactional
 // handlers that write the effects table, until the test ends.
-func startEffectWorkers(t testing.TB, pg pgBundle, dq *dispatch.Client, queues []string) []*worker.Worker {
+func startEffectWorkers(t testing.TB, pg pgBundle, dq *dispatch.Client, queues []string) []*delayq.Worker {
 	t.Helper()
-	var workers []*worker.Worker
+	var workers []*delayq.Worker
 	for _, name := range []string{"w1", "w2"} {
-		w, err := worker.New(pg.workerPool(t), dq, pg.ob, worker.Config{Lease: 2 * time.Second,
+		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{Lease: 2 * time.Second,
 			OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
 			Logger: testLogger(t, name)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, q := range queues {
-			err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+			err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 				return effect(ctx, tx, name, tk)
-			}, worker.QueueConfig{Concurrency: 2})
+			}, delayq.QueueConfig{Concurrency: 2})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/reconcile"
@@ -267,7 +267,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 		ok      = map[string]int{} // successful runs (plain handlers)
 		revived = map[string]bool{}
 	)
-	fail := func(tk *worker.Task) error {
+	fail := func(tk *delayq.Task) error {
 		i := index[tk.ID]
 		mu.Lock()
 		defer mu.Unlock()
@@ -276,23 +276,23 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 		}
 		return nil
 	}
-	var workers []*worker.Worker
+	var workers []*delayq.Worker
 	for _, name := range []string{"w1", "w2"} {
-		w, err := worker.New(pg.workerPool(t), dq, pg.ob, worker.Config{
+		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
 			ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second, Logger: testLogger(t, name)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		qc := worker.QueueConfig{Concurrency: 8, Backoff: worker.Backoff{Base: 50 * time.Millisecond, Max: 100 * time.Millisecond}}
+		qc := delayq.QueueConfig{Concurrency: 8, Backoff: delayq.Backoff{Base: 50 * time.Millisecond, Max: 100 * time.Millisecond}}
 		if tx {
-			err = w.HandleTx(shardQueue, func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+			err = w.HandleTx(shardQueue, func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 				if err := effect(ctx, tx, name, tk); err != nil {
 					return err
 				}
 				return fail(tk) // a failure rolls the effect back
 			}, qc)
 		} else {
-			err = w.Handle(shardQueue, func(_ context.Context, tk *worker.Task) error {
+			err = w.Handle(shardQueue, func(_ context.Context, tk *delayq.Task) error {
 				if err := fail(tk); err != nil {
 					return err
 				}
@@ -368,7 +368,7 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 	}
 	checkRuns()
 
-	var st [2]worker.Stats
+	var st [2]delayq.Stats
 	for i, w := range workers {
 		st[i] = w.Stats()
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/migrations"
@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Lease: 5 * time.Second, Logger: cfg.Logger})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second, Logger: cfg.Logger})
 	if err != nil {
 		return rep, err
 	}
@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		lateness []time.Duration
 		early    atomic.Int64
 	)
-	handler := func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+	handler := func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		late := t.ClaimedAt.Sub(t.Due)
 		if late < 0 {
 			early.Add(1)
@@ -191,7 +191,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			` (order_id, attempt) VALUES ($1, $2)`, t.ID, t.Attempt)
 		return err
 	}
-	qcfg := worker.QueueConfig{Concurrency: 32, Backoff: worker.Backoff{Base: 200 * time.Millisecond, Max: time.Second}}
+	qcfg := delayq.QueueConfig{Concurrency: 32, Backoff: delayq.Backoff{Base: 200 * time.Millisecond, Max: time.Second}}
 	if err := w.HandleTx(queue, handler, qcfg); err != nil {
 		return rep, err
 	}
@@ -348,7 +348,7 @@ var errRollback = errors.New("demo: business transaction rolled back")
 
 // waitFinished waits until every committed task is done or dead in the outbox,
 // printing progress. It polls the outbox, the thing it reports on, twice a second.
-func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cfg Config, want int, w *worker.Worker) error {
+func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cfg Config, want int, w *delayq.Worker) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	store := taskstate.New(taskstate.Config{Schema: ob.Config().Schema})

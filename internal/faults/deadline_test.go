@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
 )
 
@@ -122,7 +122,7 @@ type deadlineFleet struct {
 	reg *prometheus.Registry
 
 	mu      sync.Mutex
-	workers []*worker.Worker
+	workers []*delayq.Worker
 }
 
 // start runs a worker until the returned stop is called or the test ends.
@@ -131,13 +131,13 @@ func (f *deadlineFleet) start(name string) (stop func()) {
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", fmt.Sprint(workerConc*len(s.queues)+2)))
 	cfg := workerConfig(s.logger(name))
 	cfg.Registerer = f.reg
-	w, err := worker.New(pool, s.delayqClient(t, s.redisURL), s.ob, cfg)
+	w, err := delayq.NewWorker(pool, s.delayqClient(t, s.redisURL), s.ob, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	qc := queueConfig(s.groupCommit)
-	qc.OnMissedDeadline = func(ctx context.Context, tx pgx.Tx, task *worker.Task, cause error) error {
-		if !errors.Is(cause, worker.ErrMissedDeadline) {
+	qc.OnMissedDeadline = func(ctx context.Context, tx pgx.Tx, task *delayq.Task, cause error) error {
+		if !errors.Is(cause, delayq.ErrMissedDeadline) {
 			return fmt.Errorf("faults: missed-deadline hook called with %v", cause)
 		}
 		_, err := tx.Exec(ctx, sqlInsertMissed, task.Queue, task.ID, task.Version, name)

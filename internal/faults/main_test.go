@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
@@ -206,8 +206,8 @@ func newDelayq(rdb redis.UniversalClient, prefix string, doneRetention time.Dura
 	})
 }
 
-func workerConfig(log *slog.Logger) worker.Config {
-	return worker.Config{
+func workerConfig(log *slog.Logger) delayq.WorkerConfig {
+	return delayq.WorkerConfig{
 		Lease: lease, HeartbeatInterval: heartbeat, ShutdownTimeout: 2 * time.Second,
 		OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, Logger: log,
 	}
@@ -215,11 +215,11 @@ func workerConfig(log *slog.Logger) worker.Config {
 
 // queueConfig is every worker's queue configuration; group is
 // GroupCommit.MaxTasks (0: off).
-func queueConfig(group int) worker.QueueConfig {
-	return worker.QueueConfig{
+func queueConfig(group int) delayq.QueueConfig {
+	return delayq.QueueConfig{
 		Concurrency: workerConc,
-		Backoff:     worker.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
-		GroupCommit: worker.GroupCommit{MaxTasks: group},
+		Backoff:     delayq.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		GroupCommit: delayq.GroupCommit{MaxTasks: group},
 	}
 }
 
@@ -235,8 +235,8 @@ func relayConfig(log *slog.Logger) relay.Config {
 // effectHandler writes the task's effect in the worker's transaction: a row
 // with the Redis-clock due and claim times and the worker's local time. Tasks
 // with the failing payload fail instead.
-func effectHandler(name string) worker.TxHandler {
-	return func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+func effectHandler(name string) delayq.TxHandler {
+	return func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		local := time.Now()
 		if string(t.Payload) == payloadFail {
 			return errInjected
@@ -263,7 +263,7 @@ func (s *system) runWorker(name string, hooks ...redis.Hook) {
 	t := s.t
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", fmt.Sprint(workerConc*len(s.queues)+2)))
 	dq := s.delayqClient(t, s.redisURL, hooks...)
-	w, err := worker.New(pool, dq, s.ob, workerConfig(s.logger(name)))
+	w, err := delayq.NewWorker(pool, dq, s.ob, workerConfig(s.logger(name)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -164,8 +164,8 @@ func payloadInc(p []byte) int {
 var errPlanned = errors.New("model: planned failure")
 
 // modelHandler runs the planned outcome; db records the run outside tx.
-func modelHandler(name string, seed uint64, db *pgxpool.Pool) worker.TxHandler {
-	return func(ctx context.Context, tx pgx.Tx, t *worker.Task) error {
+func modelHandler(name string, seed uint64, db *pgxpool.Pool) delayq.TxHandler {
+	return func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		inc := payloadInc(t.Payload)
 		o, d := plan(seed, t.Queue, t.ID, inc, t.Version, t.Attempt)
 		if _, err := db.Exec(ctx, sqlModelRun, t.Queue, t.ID, inc, t.Version, t.Attempt, o.String(), name, t.Due, t.ClaimedAt); err != nil {
@@ -181,16 +181,16 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool) worker.TxHandler {
 		case oError:
 			return errPlanned
 		case oRetryAfter:
-			return worker.RetryAfter(d, errPlanned)
+			return delayq.RetryAfter(d, errPlanned)
 		case oNoRetry:
-			return worker.NoRetry(errPlanned)
+			return delayq.NoRetry(errPlanned)
 		case oPanic:
 			panic("model: planned panic")
 		case oCancel:
 			if err := effect(); err != nil {
 				return err
 			}
-			return worker.Cancel(errPlanned)
+			return delayq.Cancel(errPlanned)
 		default: // oSlow: heartbeats are off, so the lease expires meanwhile
 			if !pause(ctx, modelSlow) {
 				return ctx.Err()
@@ -205,12 +205,12 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool) worker.TxHandler {
 // their group (a slow one among them), and without heartbeats their leases
 // would run out meanwhile, which the model does not plan. (A slow run is one
 // whose outcome the model does not predict, heartbeats or not.)
-func modelWorkerConfig(log *slog.Logger, name string) worker.Config {
+func modelWorkerConfig(log *slog.Logger, name string) delayq.WorkerConfig {
 	hb := time.Duration(-1)
 	if strings.HasPrefix(name, modelGroupWorker) {
 		hb = modelLease / 3
 	}
-	return worker.Config{
+	return delayq.WorkerConfig{
 		Lease: modelLease, HeartbeatInterval: hb, ShutdownTimeout: 2 * time.Second,
 		OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, Logger: log,
 	}
@@ -222,13 +222,13 @@ const modelGroupWorker = modelWorkerRole + "1-"
 // modelQueueConfig is the queue configuration of the model's worker named name:
 // the second worker commits its runs in groups (worker.GroupCommit), the first
 // one by one, so that every run checks both paths against the same model.
-func modelQueueConfig(name string) worker.QueueConfig {
-	cfg := worker.QueueConfig{
+func modelQueueConfig(name string) delayq.QueueConfig {
+	cfg := delayq.QueueConfig{
 		Concurrency: 4,
-		Backoff:     worker.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		Backoff:     delayq.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	}
 	if strings.HasPrefix(name, modelGroupWorker) {
-		cfg.GroupCommit = worker.GroupCommit{MaxTasks: 4, MaxWait: 5 * time.Millisecond}
+		cfg.GroupCommit = delayq.GroupCommit{MaxTasks: 4, MaxWait: 5 * time.Millisecond}
 	}
 	return cfg
 }
@@ -280,7 +280,7 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(pool, dq, ob, modelWorkerConfig(log, name))
+	w, err := delayq.NewWorker(pool, dq, ob, modelWorkerConfig(log, name))
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -193,7 +193,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	enqueue("hang", "h-1")
 
 	// The worker, as user delayq-worker.
-	w, err := worker.New(testenv.Pool(t, pgURL), workerDQ, ob, worker.Config{
+	w, err := delayq.NewWorker(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{
 		Lease: 600 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond,
 		ShutdownTimeout: -1, ErrorPause: 50 * time.Millisecond, Logger: discard()})
 	if err != nil {
@@ -210,14 +210,14 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		ran[id]++
 		return ran[id]
 	}
-	fast := worker.QueueConfig{Backoff: worker.Backoff{Base: 10 * time.Millisecond, Max: 20 * time.Millisecond}}
+	fast := delayq.QueueConfig{Backoff: delayq.Backoff{Base: 10 * time.Millisecond, Max: 20 * time.Millisecond}}
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(w.Handle("ok", func(ctx context.Context, task *worker.Task) error {
+	must(w.Handle("ok", func(ctx context.Context, task *delayq.Task) error {
 		count(task.ID)
 		if task.ID == "ok-long" { // outlives two leases: heartbeats must extend it
 			select {
@@ -228,21 +228,21 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		}
 		return nil
 	}, fast))
-	must(w.Handle("flaky", func(ctx context.Context, task *worker.Task) error {
+	must(w.Handle("flaky", func(ctx context.Context, task *delayq.Task) error {
 		if count(task.ID) == 1 {
 			return errors.New("first run fails")
 		}
 		return nil
 	}, fast))
-	must(w.Handle("doomed", func(ctx context.Context, task *worker.Task) error {
+	must(w.Handle("doomed", func(ctx context.Context, task *delayq.Task) error {
 		count(task.ID)
-		return worker.NoRetry(errors.New("never works"))
+		return delayq.NoRetry(errors.New("never works"))
 	}, fast))
-	must(w.Handle("crashed", func(ctx context.Context, task *worker.Task) error {
+	must(w.Handle("crashed", func(ctx context.Context, task *delayq.Task) error {
 		count(task.ID)
 		return nil
 	}, fast))
-	must(w.Handle("hang", func(ctx context.Context, task *worker.Task) error {
+	must(w.Handle("hang", func(ctx context.Context, task *delayq.Task) error {
 		count(task.ID)
 		close(hanging)
 		<-ctx.Done()

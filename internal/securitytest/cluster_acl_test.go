@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -123,7 +123,7 @@ func TestLeastPrivilegeACLOnCluster(t *testing.T) {
 		t.Fatalf("migrate the keys of slot %d: %d moved, %v", slot, n, err)
 	}
 
-	w, err := worker.New(testenv.Pool(t, pgURL), workerDQ, ob, worker.Config{Logger: discard()})
+	w, err := delayq.NewWorker(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,12 +132,12 @@ func TestLeastPrivilegeACLOnCluster(t *testing.T) {
 		ran = map[string]bool{}
 	)
 	for i := range queues {
-		if err := w.Handle(fmt.Sprintf("q%d", i), func(_ context.Context, task *worker.Task) error {
+		if err := w.Handle(fmt.Sprintf("q%d", i), func(_ context.Context, task *delayq.Task) error {
 			mu.Lock()
 			defer mu.Unlock()
 			ran[task.Queue] = true
 			return nil
-		}, worker.QueueConfig{}); err != nil {
+		}, delayq.QueueConfig{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/outbox"
@@ -75,27 +75,27 @@ func FuzzConfigs(f *testing.F) {
 			}
 		}
 
-		wc := worker.Config{Lease: a, HeartbeatInterval: b, ShutdownTimeout: c, OpTimeout: a, ErrorPause: b}
+		wc := delayq.WorkerConfig{Lease: a, HeartbeatInterval: b, ShutdownTimeout: c, OpTimeout: a, ErrorPause: b}
 		verr = wc.Validate()
-		w, nerr := worker.New(pool, dq, ob, wc)
+		w, nerr := delayq.NewWorker(pool, dq, ob, wc)
 		if (verr == nil) != (nerr == nil) {
 			t.Fatalf("worker: Validate %v, New %v", verr, nerr)
 		}
 		if verr != nil {
-			refusal(t, "worker", verr, worker.ErrInvalidConfig)
+			refusal(t, "worker", verr, delayq.ErrInvalidConfig)
 		} else {
 			e := w.Config()
 			if e.Lease < time.Millisecond || e.HeartbeatInterval >= e.Lease || e.ShutdownTimeout < 0 && e.ShutdownTimeout != -1 {
 				t.Fatalf("worker accepted %+v", e)
 			}
-			qc := worker.QueueConfig{Concurrency: n1, MaxAttempts: n2, Backoff: worker.Backoff{Base: b, Max: c}}
+			qc := delayq.QueueConfig{Concurrency: n1, MaxAttempts: n2, Backoff: delayq.Backoff{Base: b, Max: c}}
 			verr = qc.Validate()
-			herr := w.Handle("q", func(context.Context, *worker.Task) error { return nil }, qc)
+			herr := w.Handle("q", func(context.Context, *delayq.Task) error { return nil }, qc)
 			if (verr == nil) != (herr == nil) {
 				t.Fatalf("queue config: Validate %v, Handle %v", verr, herr)
 			}
 			if verr != nil {
-				refusal(t, "queue config", verr, worker.ErrInvalidConfig)
+				refusal(t, "queue config", verr, delayq.ErrInvalidConfig)
 			} else if lo, hi := qc.Backoff.Bounds(n2); lo < 0 || hi < lo {
 				t.Fatalf("backoff %+v: bounds %v..%v at attempt %d", qc.Backoff, lo, hi, n2)
 			}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -103,29 +103,29 @@ func TestPayloadLifetime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Logger: discard()})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A worker whose outbox client clears payloads of every task it marks done.
-	w2, err := worker.New(pool, dq, clearing, worker.Config{Logger: discard()})
+	w2, err := delayq.NewWorker(pool, dq, clearing, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var runs atomic.Int64
-	ok := func(context.Context, *worker.Task) error { runs.Add(1); return nil }
-	if err := w.Handle("keep", ok, worker.QueueConfig{}); err != nil {
+	ok := func(context.Context, *delayq.Task) error { runs.Add(1); return nil }
+	if err := w.Handle("keep", ok, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w2.Handle("keep2", ok, worker.QueueConfig{}); err != nil {
+	if err := w2.Handle("keep2", ok, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Handle("clear", ok, worker.QueueConfig{ClearPayload: true}); err != nil {
+	if err := w.Handle("clear", ok, delayq.QueueConfig{ClearPayload: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Handle("doomed", func(context.Context, *worker.Task) error {
-		return worker.NoRetry(errors.New("refused"))
-	}, worker.QueueConfig{}); err != nil {
+	if err := w.Handle("doomed", func(context.Context, *delayq.Task) error {
+		return delayq.NoRetry(errors.New("refused"))
+	}, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)

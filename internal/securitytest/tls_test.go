@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/migrations"
@@ -253,7 +253,7 @@ func TestLibraryOverTLSWithACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(e.pool(t), workerDQ, ob, worker.Config{Logger: discard()})
+	w, err := delayq.NewWorker(e.pool(t), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,12 +261,12 @@ func TestLibraryOverTLSWithACL(t *testing.T) {
 		mu  sync.Mutex
 		got = map[string]string{}
 	)
-	if err := w.Handle("mail", func(ctx context.Context, task *worker.Task) error {
+	if err := w.Handle("mail", func(ctx context.Context, task *delayq.Task) error {
 		mu.Lock()
 		defer mu.Unlock()
 		got[task.ID] = string(task.Payload)
 		return nil
-	}, worker.QueueConfig{}); err != nil {
+	}, delayq.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
@@ -180,11 +180,11 @@ func (e *env) runSystem(t *testing.T, queue string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(e.pool, e.dq, e.ob, worker.Config{Lease: 5 * time.Second})
+	w, err := delayq.NewWorker(e.pool, e.dq, e.ob, delayq.WorkerConfig{Lease: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.HandleTx(queue, func(context.Context, pgx.Tx, *worker.Task) error { return nil }, worker.QueueConfig{Concurrency: 2})
+	err = w.HandleTx(queue, func(context.Context, pgx.Tx, *delayq.Task) error { return nil }, delayq.QueueConfig{Concurrency: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

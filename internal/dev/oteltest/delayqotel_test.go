@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqotel"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
@@ -56,20 +56,20 @@ func TestOneTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(pool, dq, ob, worker.Config{Observer: delayqotel.NewWorkerObserver(opts)})
+	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Observer: delayqotel.NewWorkerObserver(opts)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tracer := tp.Tracer("app")
-	err = w.HandleTx("mail", func(ctx context.Context, tx pgx.Tx, tk *worker.Task) error {
+	err = w.HandleTx("mail", func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 		ctx, span := tracer.Start(ctx, "handler "+tk.ID)
 		defer span.End()
 		if tk.ID == "bad" {
-			return worker.NoRetry(errors.New("refused"))
+			return delayq.NoRetry(errors.New("refused"))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, tk.ID)
 		return err
-	}, worker.QueueConfig{})
+	}, delayq.QueueConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

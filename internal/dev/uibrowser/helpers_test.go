@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/delayq/delayq/delayq/worker"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
@@ -152,17 +152,17 @@ func (e *env) runSystem(t *testing.T, queue string) *system {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(e.pool, e.dq, e.ob, worker.Config{Lease: 5 * time.Second})
+	w, err := delayq.NewWorker(e.pool, e.dq, e.ob, delayq.WorkerConfig{Lease: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.HandleTx(queue, func(ctx context.Context, tx pgx.Tx, task *worker.Task) error {
+	err = w.HandleTx(queue, func(ctx context.Context, tx pgx.Tx, task *delayq.Task) error {
 		if strings.Contains(string(task.Payload), "fail") && !s.fixed.Load() {
-			return worker.NoRetry(errors.New("card declined: <b>not escaped?</b>"))
+			return delayq.NoRetry(errors.New("card declined: <b>not escaped?</b>"))
 		}
 		s.ran.Store(task.ID, task.Attempt)
 		return nil
-	}, worker.QueueConfig{Concurrency: 2})
+	}, delayq.QueueConfig{Concurrency: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

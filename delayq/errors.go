@@ -1,0 +1,74 @@
+package delayq
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/validate"
+)
+
+var (
+	// ErrInvalidQueue reports a bad queue name (same value as in delayq, outbox and
+	// validate).
+	ErrInvalidQueue = validate.ErrInvalidQueue
+	// ErrInvalidConfig reports a Config or QueueConfig that does not validate, a nil
+	// dependency, or a queue registered twice.
+	ErrInvalidConfig = errors.New("worker: invalid config")
+	// ErrNoHandlers reports Run on a Worker without any registered queue.
+	ErrNoHandlers = errors.New("worker: no handlers registered")
+	// ErrRunning reports a second Run, or a registration while Run is in progress.
+	ErrRunning = errors.New("worker: already running")
+
+	// ErrLeaseLost is the cause (context.Cause) of a handler's context cancelled
+	// because the worker no longer holds the task's lease: it expired and was
+	// reaped, or the task was rescheduled or removed. It is delayq.ErrLeaseLost.
+	ErrLeaseLost = dispatch.ErrLeaseLost
+	// ErrShutdown is the cause (context.Cause) of a handler's context cancelled
+	// because the worker is shutting down and Config.ShutdownTimeout has passed.
+	// The task's lease is given back and it runs again at once, elsewhere.
+	ErrShutdown = errors.New("worker: shut down before the handler returned")
+)
+
+// RetryAfterError is returned by RetryAfter: the task runs again after Delay
+// instead of the queue's backoff. The run still counts as an attempt.
+type RetryAfterError struct {
+	Delay time.Duration
+	Err   error
+}
+
+// RetryAfter returns an error that makes the worker retry the task after d (at
+// least 1ms) rather than after the queue's backoff. The run still counts against
+// the task's max attempts. err is kept as the task's last error and may be nil.
+func RetryAfter(d time.Duration, err error) error {
+	return &RetryAfterError{Delay: d, Err: err}
+}
+
+func (e *RetryAfterError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("retry after %v", e.Delay)
+	}
+	return e.Err.Error()
+}
+
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// NoRetryError is returned by NoRetry: the task is dead at once.
+type NoRetryError struct {
+	Err error
+}
+
+// NoRetry returns an error that makes the task dead at once, whatever attempts it
+// has left (a payload that can never succeed, for example). err is kept as the
+// task's last error and may be nil. A dead task waits for a person.
+func NoRetry(err error) error { return &NoRetryError{Err: err} }
+
+func (e *NoRetryError) Error() string {
+	if e.Err == nil {
+		return "no retry"
+	}
+	return e.Err.Error()
+}
+
+func (e *NoRetryError) Unwrap() error { return e.Err }
