@@ -209,7 +209,7 @@ func (m *model) checkControls(v *violations, runs map[key][]modelRun) {
 	}
 	// One claim may start its handler more than once: a batched transaction
 	// that a guard refused in part runs the others' handlers again, under the
-	// same claim (delayq/worker/group.go). The limits count claims.
+	// same claim (delayq/group.go). The limits count claims.
 	claims := map[string][]claim{}
 	for k, rs := range runs {
 		seen := map[string]bool{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/delayq/delayq/delayqtype"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,18 +15,7 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
-// DeadTask is a dead outbox row: a task that used its attempts (or was killed)
-// and waits for a person.
-type DeadTask struct {
-	Queue       string `json:"queue"`
-	ID          string `json:"id"`
-	Attempts    int    `json:"attempts"`
-	MaxAttempts int    `json:"max_attempts"`
-	LastError   string `json:"last_error"`
-	// DiedAt is when the row became dead (zero if not recorded).
-	DiedAt  time.Time `json:"died_at"`
-	Version int       `json:"version"`
-}
+type DeadTask = delayqtype.DeadTask
 
 // ListDead lists up to limit dead tasks of Options.Queues (nil: all queues), the
 // most recent deaths first. Postgres is the record: the list comes from the outbox.

@@ -10,58 +10,24 @@ import (
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
-// Kind names an inconsistency between Postgres and Redis, or inside Redis. See the
-// package documentation for the table of kinds and their repairs.
-type Kind string
+// The kinds are public types (delayqtype); these names keep reconcile's code short.
+type Kind = delayqtype.Kind
 
-// The kinds of inconsistency.
 const (
-	MissingInRedis     Kind = "missing_in_redis"
-	MemberWithoutHash  Kind = "member_without_hash"
-	HashWithoutMember  Kind = "hash_without_member"
-	StatusMismatch     Kind = "status_mismatch"
-	VersionMismatch    Kind = "version_mismatch"
-	DoneInRedis        Kind = "done_in_redis"
-	DeadInRedis        Kind = "dead_in_redis"
-	DeadInPostgres     Kind = "dead_in_postgres"
-	FinishedInPostgres Kind = "finished_in_postgres"
-	UnknownInPostgres  Kind = "unknown_in_postgres"
+	MissingInRedis     = delayqtype.MissingInRedis
+	MemberWithoutHash  = delayqtype.MemberWithoutHash
+	HashWithoutMember  = delayqtype.HashWithoutMember
+	StatusMismatch     = delayqtype.StatusMismatch
+	VersionMismatch    = delayqtype.VersionMismatch
+	DoneInRedis        = delayqtype.DoneInRedis
+	DeadInRedis        = delayqtype.DeadInRedis
+	DeadInPostgres     = delayqtype.DeadInPostgres
+	FinishedInPostgres = delayqtype.FinishedInPostgres
+	UnknownInPostgres  = delayqtype.UnknownInPostgres
 )
 
 // AllKinds lists every kind, in the order reports show them.
-func AllKinds() []Kind {
-	return []Kind{
-		MissingInRedis, MemberWithoutHash, HashWithoutMember, StatusMismatch, VersionMismatch,
-		DoneInRedis, DeadInRedis, DeadInPostgres, FinishedInPostgres, UnknownInPostgres,
-	}
-}
-
-// Describe says in a few words what the kind means.
-func (k Kind) Describe() string {
-	switch k {
-	case MissingInRedis:
-		return "queued in Postgres, absent from Redis"
-	case MemberWithoutHash:
-		return "a ZSET member without its task hash"
-	case HashWithoutMember:
-		return "a task hash missing from its ZSET"
-	case StatusMismatch:
-		return "task hash status and ZSET membership disagree"
-	case VersionMismatch:
-		return "Redis holds another version than Postgres"
-	case DoneInRedis:
-		return "queued in Postgres, done in Redis"
-	case DeadInRedis:
-		return "queued in Postgres, dead in Redis"
-	case DeadInPostgres:
-		return "dead in Postgres, ready or active in Redis"
-	case FinishedInPostgres:
-		return "done or cancelled in Postgres, still in a Redis ZSET"
-	case UnknownInPostgres:
-		return "in Redis, no outbox row"
-	}
-	return string(k)
-}
+func AllKinds() []Kind { return delayqtype.AllKinds() }
 
 // row is an outbox row as reconcile reads it (Page and PageQueued fill the id,
 // the state and the version alone).

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -18,83 +17,17 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
-// Bucket counts the tasks of one category of a Report.
-type Bucket struct {
-	// Found counts the tasks in this category.
-	Found int `json:"found"`
-	// Repaired counts those repaired (always 0 in a dry run).
-	Repaired int `json:"repaired"`
-	// Skipped counts those left alone: pending rows (the relay's), recent deaths
-	// (see Options.Grace), rows locked by someone else, tasks that changed between
-	// the read and the repair. The next run looks at them again.
-	Skipped int `json:"skipped"`
-	// Samples holds up to Options.Samples of them, as "queue/id".
-	Samples []string `json:"samples,omitempty"`
-}
+type (
+	Bucket        = delayqtype.Bucket
+	Report        = delayqtype.Report
+	Inconsistency = delayqtype.Inconsistency
+)
 
-func (b *Bucket) sample(queue, id string, limit int) {
+// sample keeps queue/id among b's samples while it holds fewer than limit.
+func sample(b *Bucket, queue, id string, limit int) {
 	if len(b.Samples) < limit {
 		b.Samples = append(b.Samples, queue+"/"+id)
 	}
-}
-
-// Report tells what Reconcile found and did.
-type Report struct {
-	DryRun bool     `json:"dry_run"`
-	Queues []string `json:"queues"`
-	// Rows counts the outbox rows examined; RedisOnly the ids found in Redis without
-	// an outbox row.
-	Rows      int `json:"postgres_rows"`
-	RedisOnly int `json:"redis_only_ids"`
-	// Found, Repaired and Skipped add up the buckets of Kinds.
-	Found    int `json:"found"`
-	Repaired int `json:"repaired"`
-	Skipped  int `json:"skipped"`
-	// Kinds has one bucket per kind, every kind present.
-	Kinds map[Kind]*Bucket `json:"kinds"`
-	// ExpiredLeases counts active tasks past their lease, left to the reaper (not
-	// inconsistencies: not in Found).
-	ExpiredLeases Bucket `json:"expired_leases"`
-	// Controls counts the queues whose controls (pause, rate limit) Redis was
-	// behind on, restored from Postgres (RestoreControls; left with DryRun).
-	Controls int `json:"controls_restored"`
-	// Duration is how long the run took. In JSON: duration_ms.
-	Duration time.Duration `json:"-"`
-}
-
-// MarshalJSON writes Duration as whole milliseconds.
-func (r Report) MarshalJSON() ([]byte, error) {
-	type plain Report
-	return json.Marshal(struct {
-		plain
-		DurationMS int64 `json:"duration_ms"`
-	}{plain(r), r.Duration.Milliseconds()})
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
-func (r *Report) UnmarshalJSON(b []byte) error {
-	type plain Report
-	var v struct {
-		plain
-		DurationMS int64 `json:"duration_ms"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*r = Report(v.plain)
-	r.Duration = time.Duration(v.DurationMS) * time.Millisecond
-	return nil
-}
-
-// Inconsistency is one task Check found wrong.
-type Inconsistency struct {
-	Kind  Kind   `json:"kind"`
-	Queue string `json:"queue"`
-	ID    string `json:"id"`
-	// Postgres and Redis say what each store holds, e.g. "queued v1" and
-	// "ready v1, in no ZSET".
-	Postgres string `json:"postgres"`
-	Redis    string `json:"redis"`
 }
 
 // Reconcile compares the outbox with Redis, queue by queue, and repairs Redis from
@@ -360,7 +293,7 @@ func (e *engine) comparePage(ctx context.Context, q string, page []row) error {
 		if v.expired {
 			e.rep.ExpiredLeases.Found++
 			e.rep.ExpiredLeases.Skipped++
-			e.rep.ExpiredLeases.sample(q, ids[i], e.o.Samples)
+			sample(&e.rep.ExpiredLeases, q, ids[i], e.o.Samples)
 		}
 		if v.kind != "" {
 			cands = append(cands, ids[i])
@@ -666,7 +599,7 @@ func (e *engine) record(ctx context.Context, q, id string, k Kind, repaired, ski
 		b.Skipped++
 		e.rep.Skipped++
 	}
-	b.sample(q, id, e.o.Samples)
+	sample(b, q, id, e.o.Samples)
 	if e.o.Observer != nil {
 		e.o.Observer.Divergence(ctx, Divergence{Queue: q, ID: id, Kind: k, Repaired: repaired, Skipped: skipped})
 	}

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"sync"
@@ -16,61 +15,7 @@ import (
 	"github.com/delayq/delayq/internal/taskstate"
 )
 
-// QueueStats are the counts of one queue in both stores.
-type QueueStats struct {
-	Queue string `json:"queue"`
-	// Postgres counts the outbox rows by state; every state is present.
-	Postgres map[delayqtype.State]int64 `json:"postgres"`
-	// Estimated: the done and cancelled counts of Postgres are estimates from the
-	// planner's statistics (as fresh as the table's last ANALYZE, autovacuum's
-	// included), not counts; the others are exact. See Stats.
-	Estimated bool `json:"estimated"`
-	// Redis counts, read atomically on the Redis clock.
-	Ready         int64 `json:"redis_ready"`
-	DueNow        int64 `json:"redis_due_now"`
-	Active        int64 `json:"redis_active"`
-	ExpiredLeases int64 `json:"redis_expired_leases"`
-	Dead          int64 `json:"redis_dead"`
-	// Overdue counts the ready tasks in Redis due more than OverdueAfter (a
-	// minute) ago and not claimed: nobody serves the queue, or its workers fall
-	// behind.
-	Overdue int64 `json:"redis_overdue"`
-	// OldestPendingAge is how long the oldest due pending row has waited for the
-	// relay since its run time (database clock): the relay lag. 0 when none is due.
-	// In JSON: oldest_pending_age_ms.
-	OldestPendingAge time.Duration `json:"-"`
-	// OldestDueLateness is how long the earliest ready task in Redis has been due
-	// (Redis clock): the worker lag. 0 when none is due. In JSON:
-	// oldest_due_lateness_ms.
-	OldestDueLateness time.Duration `json:"-"`
-}
-
-// MarshalJSON writes the durations as whole milliseconds.
-func (s QueueStats) MarshalJSON() ([]byte, error) {
-	type plain QueueStats
-	return json.Marshal(struct {
-		plain
-		OldestPendingMS int64 `json:"oldest_pending_age_ms"`
-		OldestDueMS     int64 `json:"oldest_due_lateness_ms"`
-	}{plain(s), s.OldestPendingAge.Milliseconds(), s.OldestDueLateness.Milliseconds()})
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
-func (s *QueueStats) UnmarshalJSON(b []byte) error {
-	type plain QueueStats
-	var v struct {
-		plain
-		OldestPendingMS int64 `json:"oldest_pending_age_ms"`
-		OldestDueMS     int64 `json:"oldest_due_lateness_ms"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*s = QueueStats(v.plain)
-	s.OldestPendingAge = time.Duration(v.OldestPendingMS) * time.Millisecond
-	s.OldestDueLateness = time.Duration(v.OldestDueMS) * time.Millisecond
-	return nil
-}
+type QueueStats = delayqtype.QueueStats
 
 // OverdueAfter is how long past its due time a ready task counts as overdue in
 // QueueStats (the relay's delayq_relay_overdue_tasks default too).

@@ -23,8 +23,8 @@ var notStates = []struct {
 	{"internal/dispatch/keys.go", "dead", 1},   // the dead ZSET's key suffix
 	{"relay/metrics.go", "dead", 2},            // the reaper's result label (reaped as dead)
 	{"internal/reconcile/kind.go", "dead", 1},  // the dead ZSET, in a probe's description
-	{"delayq/worker/worker.go", "pending", 1},  // a run's outcome: handed to the completion stages
-	{"delayq/worker/hooks.go", "cancelled", 1}, // CancelError's message
+	{"delayq/worker.go", "pending", 1},         // a run's outcome: handed to the completion stages
+	{"delayq/hooks.go", "cancelled", 1},        // CancelError's message
 	{"cmd/delayq/main.go", "dead", 1},          // the dead command's name
 	{"cmd/delayq/migrate.go", "pending", 1},    // a migration not applied yet
 	{"internal/ui/actions.go", "cancelled", 1}, // the flash message's key after a cancel

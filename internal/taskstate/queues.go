@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/delayq/delayq/delayqtype"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,20 +18,8 @@ import (
 // (dq:{queue}:ctl) is keyed by.
 const QueuesTableName = "delayq_queues"
 
-// QueueControl is one queue's row of the controls table.
-type QueueControl struct {
-	Queue  string `json:"queue"`
-	Paused bool   `json:"paused"`
-	// Rate caps the queue's starts across every worker (Limit 0: none).
-	Rate validate.RateLimit `json:"rate_limit"`
-	// Shards is the number of shards the queue's Redis keys are split into
-	// (1..validate.MaxShards; 1, the default, is the unsharded layout).
-	Shards int `json:"shards"`
-	// Version is bumped by every change; Redis applies a control only over an
-	// older version.
-	Version   int64     `json:"version"`
-	UpdatedAt time.Time `json:"updated_at"`
-}
+// QueueControl is one queue's row of the controls table (a public type).
+type QueueControl = delayqtype.QueueControl
 
 func (s *Store) queuesTable() string { return s.cfg.queuesTable() }
 
