@@ -16,18 +16,18 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
 )
 
-// A worker with a transactional handler (the payment row and the task's completion
-// commit together: charged exactly once) and a plain one (an HTTP call, at least
-// once, deduplicated by the receiver through the idempotency key). It runs until
-// interrupted, then shuts down gracefully.
+// The whole flow on one client: migrate, register a transactional handler (the
+// ledger row and the task's completion commit together: charged exactly once),
+// enqueue in the business transaction (the task exists if and only if it
+// commits), and run the workers with the relay in the same process until
+// interrupted, then shut down gracefully.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -37,36 +37,46 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{})
+
+	client, err := delayq.New(pool, redis.NewClient(opt), delayq.Config{Relay: &relay.Config{}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{})
+	if err := client.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	err = delayq.RegisterTx(client, Charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, cents) VALUES ($1, $2)`, c.Order, c.AmountCents)
+		return err // nil: committed with the completion; an error: rolled back, retried
+	}, delayq.QueueConfig{Concurrency: 16})
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Lease: time.Minute})
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ('order-1')`); err != nil {
+			return err
+		}
+		_, err := Charges.Enqueue(ctx, client, tx, outbox.Task{ID: "order-1", Delay: 30 * time.Minute},
+			Charge{Order: "order-1", AmountCents: 4200})
+		return err
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = w.HandleTx("payment", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
-		tag, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1 AND NOT paid`, t.ID)
-		if err != nil {
-			return err // rolled back; retried after the queue's backoff
-		}
-		if tag.RowsAffected() == 0 {
-			return delayq.NoRetry(errors.New("no unpaid order " + t.ID)) // dead at once
-		}
-		return nil
-	}, delayq.QueueConfig{Concurrency: 20, MaxAttempts: 10})
-	if err != nil {
+	if err := client.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
-	err = w.Handle("webhook", func(ctx context.Context, t *delayq.Task) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://example.com/hook", nil)
+}
+
+// A plain handler, for an effect outside PostgreSQL (an HTTP call): at least
+// once, deduplicated by the receiver through the task's idempotency key.
+func ExampleRegister() {
+	var client *delayq.Client // delayq.New(pool, rdb, delayq.Config{})
+	err := delayq.Register(client, Webhooks, func(ctx context.Context, t *delayq.Task, url string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 		if err != nil {
-			return delayq.NoRetry(err)
+			return delayq.NoRetry(err) // dead at once
 		}
 		req.Header.Set("Idempotency-Key", t.IdempotencyKey())
 		resp, err := http.DefaultClient.Do(req)
@@ -85,10 +95,10 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := w.Run(ctx); err != nil {
-		log.Fatal(err)
-	}
 }
+
+// Webhooks is a typed queue whose payload is the URL to call.
+var Webhooks = outbox.Queue[string]{Name: "webhook"}
 
 // Charge is the payload of the typed queue Charges.
 type Charge struct {
@@ -103,8 +113,8 @@ var Charges = outbox.Queue[Charge]{Name: "charge"}
 // task's completion, and a charge that dies marks its order in the transaction
 // that records the death. Each happens exactly once.
 func ExampleRegisterTx() {
-	var w *delayq.Worker // worker.New(pool, dq, ob, worker.Config{})
-	err := delayq.RegisterTx(w, Charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
+	var client *delayq.Client // delayq.New(pool, rdb, delayq.Config{})
+	err := delayq.RegisterTx(client, Charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
 		if c.AmountCents <= 0 {
 			return delayq.NoRetry(errors.New("nothing to charge")) // dead at once
 		}

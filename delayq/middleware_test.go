@@ -181,19 +181,19 @@ func TestTypedHandlers(t *testing.T) {
 	notes := outbox.Queue[[]string]{Name: "notes"}
 	got := make(chan string, 10)
 	h := b.start(t, WorkerConfig{}, func(w *Worker) {
-		if err := RegisterTx(w, orders, func(ctx context.Context, tx pgx.Tx, tk *Task, o order) error {
+		if err := RegisterTx(clientOf(w), orders, func(ctx context.Context, tx pgx.Tx, tk *Task, o order) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (task_id, attempt, worker) VALUES ($1, $2, $3)`, o.ID, o.Amount, "typed")
 			return err
 		}, QueueConfig{}); err != nil {
 			t.Error(err)
 		}
-		if err := Register(w, notes, func(_ context.Context, _ *Task, v []string) error {
+		if err := Register(clientOf(w), notes, func(_ context.Context, _ *Task, v []string) error {
 			got <- strings.Join(v, ",")
 			return nil
 		}, QueueConfig{}); err != nil {
 			t.Error(err)
 		}
-		if err := Register[int](w, outbox.Queue[int]{Name: "nil"}, nil, QueueConfig{}); !errors.Is(err, ErrInvalidConfig) {
+		if err := Register[int](clientOf(w), outbox.Queue[int]{Name: "nil"}, nil, QueueConfig{}); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("nil typed handler: %v", err)
 		}
 	})
@@ -222,7 +222,7 @@ func TestTypedHandlers(t *testing.T) {
 	if r.state != "dead" || r.attempt != 1 {
 		t.Errorf("garbled row %+v", r)
 	}
-	mustContain(t, "last error", r.lastError, "invalid payload: queue orders: decode worker.order: unexpected end of JSON input")
+	mustContain(t, "last error", r.lastError, "invalid payload: queue orders: decode delayq.order: unexpected end of JSON input")
 	if n := b.count(t, `SELECT count(*) FROM effects WHERE task_id = 'garbled'`); n != 0 {
 		t.Errorf("%d effects of a garbled task", n)
 	}

@@ -49,11 +49,11 @@ func (w *Worker) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg Queue
 
 // RegisterSQL registers a database/sql transactional handler for the typed queue
 // q (see Register and HandleSQLTx).
-func RegisterSQL[T any](w *Worker, db *sql.DB, q outbox.Queue[T], h func(ctx context.Context, tx *sql.Tx, t *Task, v T) error, cfg QueueConfig) error {
+func RegisterSQL[T any](c *Client, db *sql.DB, q outbox.Queue[T], h func(ctx context.Context, tx *sql.Tx, t *Task, v T) error, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
 	}
-	return w.HandleSQLTx(q.Name, db, func(ctx context.Context, tx *sql.Tx, t *Task) error {
+	return c.w.HandleSQLTx(q.Name, db, func(ctx context.Context, tx *sql.Tx, t *Task) error {
 		v, err := decode(q, t)
 		if err != nil {
 			return err

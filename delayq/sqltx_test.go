@@ -47,7 +47,7 @@ func TestSQLTxHandler(t *testing.T) {
 		}, QueueConfig{Backoff: Backoff{Base: 1e6, Max: 1e6}}); err != nil {
 			t.Error(err)
 		}
-		if err := RegisterSQL(w, db, orders, func(ctx context.Context, tx *sql.Tx, tk *Task, o order) error {
+		if err := RegisterSQL(clientOf(w), db, orders, func(ctx context.Context, tx *sql.Tx, tk *Task, o order) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (task_id, attempt, worker) VALUES ($1, $2, 'typed')`, o.ID, o.Amount)
 			return err
 		}, QueueConfig{}); err != nil {

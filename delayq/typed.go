@@ -13,11 +13,11 @@ import (
 // payload decoded into a T by q's codec (JSON by default). A payload that does
 // not decode never will: the task is dead at once, its last error saying why
 // (an error wrapping outbox.ErrInvalidPayload, in NoRetry). See Handle.
-func Register[T any](w *Worker, q outbox.Queue[T], h func(ctx context.Context, t *Task, v T) error, cfg QueueConfig) error {
+func Register[T any](c *Client, q outbox.Queue[T], h func(ctx context.Context, t *Task, v T) error, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
 	}
-	return w.Handle(q.Name, func(ctx context.Context, t *Task) error {
+	return c.w.Handle(q.Name, func(ctx context.Context, t *Task) error {
 		v, err := decode(q, t)
 		if err != nil {
 			return err
@@ -28,11 +28,11 @@ func Register[T any](w *Worker, q outbox.Queue[T], h func(ctx context.Context, t
 
 // RegisterTx registers a transactional handler for the typed queue q (see
 // Register and HandleTx).
-func RegisterTx[T any](w *Worker, q outbox.Queue[T], h func(ctx context.Context, tx pgx.Tx, t *Task, v T) error, cfg QueueConfig) error {
+func RegisterTx[T any](c *Client, q outbox.Queue[T], h func(ctx context.Context, tx pgx.Tx, t *Task, v T) error, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
 	}
-	return w.HandleTx(q.Name, func(ctx context.Context, tx pgx.Tx, t *Task) error {
+	return c.w.HandleTx(q.Name, func(ctx context.Context, tx pgx.Tx, t *Task) error {
 		v, err := decode(q, t)
 		if err != nil {
 			return err

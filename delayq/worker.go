@@ -181,6 +181,13 @@ func NewWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig
 	}, nil
 }
 
+// handlers counts the registered queues.
+func (w *Worker) handlers() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queues)
+}
+
 // Config returns the effective configuration (defaults applied).
 func (w *Worker) Config() WorkerConfig { return w.cfg }
 

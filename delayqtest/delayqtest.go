@@ -65,10 +65,10 @@ type Env struct {
 	Pool   *pgxpool.Pool
 	Redis  *redis.Client
 	Prefix string
-	// DelayQ is a client on Redis with Prefix; Outbox an outbox client with the
-	// default configuration.
-	DelayQ *dispatch.Client
+	// Outbox is an outbox client with the default configuration.
 	Outbox *outbox.Client
+
+	dq *dispatch.Client // the Redis side, for Work's expedite
 }
 
 // New creates the test's database and Redis prefix.
@@ -134,7 +134,7 @@ func New(t testing.TB, o Options) *Env {
 	}
 	e.Redis = redis.NewClient(opt)
 	t.Cleanup(func() { deletePrefix(e.Redis, e.Prefix); _ = e.Redis.Close() })
-	if e.DelayQ, err = dispatch.New(e.Redis, dispatch.Config{Prefix: e.Prefix}); err != nil {
+	if e.dq, err = dispatch.New(e.Redis, dispatch.Config{Prefix: e.Prefix}); err != nil {
 		t.Fatalf("delayqtest: %v", err)
 	}
 	if e.Outbox, err = outbox.New(outbox.Config{}); err != nil {
@@ -143,23 +143,25 @@ func New(t testing.TB, o Options) *Env {
 	return e
 }
 
-// Worker returns a worker on the test's servers with cfg.
-func (e *Env) Worker(t testing.TB, cfg delayq.WorkerConfig) *delayq.Worker {
+// Client returns a delayq client on the test's servers with cfg, whose Prefix
+// is the test's (cfg.Prefix is ignored; the schema must be the default one).
+func (e *Env) Client(t testing.TB, cfg delayq.Config) *delayq.Client {
 	t.Helper()
-	w, err := delayq.NewWorker(e.Pool, e.DelayQ, e.Outbox, cfg)
+	cfg.Prefix = e.Prefix
+	c, err := delayq.New(e.Pool, e.Redis, cfg)
 	if err != nil {
 		t.Fatalf("delayqtest: %v", err)
 	}
-	return w
+	return c
 }
 
-// Work runs the task queue/id, committed in the outbox, through w, now and
-// synchronously, whatever its due time: it puts the task into Redis as the relay
-// would (due at once) and calls w.Work, so the run goes through w's middleware,
+// Work runs the task queue/id, committed in the outbox, through c's handler, now
+// and synchronously, whatever its due time: it puts the task into Redis as the
+// relay would (due at once) and calls c.Work, so the run goes through the middleware,
 // the handler, the completion guard and commit, the hooks and the Redis ack. It
 // fails the test when the task is not in the outbox, is finished, or another task
 // ran. The result says how the run ended.
-func (e *Env) Work(ctx context.Context, t testing.TB, w *delayq.Worker, queue, id string) delayq.WorkResult {
+func (e *Env) Work(ctx context.Context, t testing.TB, c *delayq.Client, queue, id string) delayq.WorkResult {
 	t.Helper()
 	rows, err := e.Pool.Query(ctx, statements.Lookup, queue, []string{id})
 	if err != nil {
@@ -178,11 +180,11 @@ func (e *Env) Work(ctx context.Context, t testing.TB, w *delayq.Worker, queue, i
 	}
 	// The relay's encoding (trace context, deadline, priority and all), but due at
 	// the earliest time Redis takes: ahead of every other task of its priority.
-	ops := transition.New(taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel}), e.DelayQ)
+	ops := transition.New(taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel}), e.dq)
 	if err := ops.Expedite(ctx, queue, r); err != nil {
 		t.Fatalf("delayqtest: put %s/%s into redis: %v", queue, id, err)
 	}
-	res, err := w.Work(ctx, queue)
+	res, err := c.Work(ctx, queue)
 	if err != nil {
 		t.Fatalf("delayqtest: work %s/%s: %v", queue, id, err)
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
-	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -141,8 +140,8 @@ func TestWork(t *testing.T) {
 	if _, err := e.Pool.Exec(ctx, `CREATE TABLE ledger (order_id text, cents int); CREATE TABLE failed (order_id text)`); err != nil {
 		t.Fatal(err)
 	}
-	w := e.Worker(t, delayq.WorkerConfig{})
-	err := delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
+	c := e.Client(t, delayq.Config{})
+	err := delayq.RegisterTx(c, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		if c.Cents < 0 {
 			return delayq.NoRetry(errors.New("negative charge"))
 		}
@@ -160,10 +159,10 @@ func TestWork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-1"); res.Outcome != delayq.OutcomeSucceeded || res.Err != nil || res.Task.Attempt != 1 {
+	if res := e.Work(ctx, t, c, "charge", "o-1"); res.Outcome != delayq.OutcomeSucceeded || res.Err != nil || res.Task.Attempt != 1 {
 		t.Errorf("o-1: %+v", res)
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-2"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
+	if res := e.Work(ctx, t, c, "charge", "o-2"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
 		t.Errorf("o-2: %+v", res)
 	}
 	var ledger, failed int
@@ -173,17 +172,18 @@ func TestWork(t *testing.T) {
 	if ledger != 1 || failed != 1 {
 		t.Errorf("ledger %d, failed %d", ledger, failed)
 	}
-	ti, err := e.DelayQ.Inspect(ctx, "charge", "o-1", "o-2")
+	// Redis holds the dead one alone: the done one was acknowledged.
+	st, err := c.Stats(ctx, "charge")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti[0].State == dispatch.StateReady || ti[0].State == dispatch.StateActive || ti[1].State != dispatch.StateDead {
-		t.Errorf("redis %+v", ti)
+	if st[0].Ready != 0 || st[0].Active != 0 || st[0].Dead != 1 {
+		t.Errorf("redis %+v", st[0])
 	}
-	if msg := fatal(t, func(tb testing.TB) { e.Work(ctx, tb, w, "charge", "o-1") }); !strings.Contains(msg, "task charge/o-1 is done") {
+	if msg := fatal(t, func(tb testing.TB) { e.Work(ctx, tb, c, "charge", "o-1") }); !strings.Contains(msg, "task charge/o-1 is done") {
 		t.Errorf("Work of a done task failed with %q", msg)
 	}
-	if msg := fatal(t, func(tb testing.TB) { e.Work(ctx, tb, w, "charge", "o-3") }); !strings.Contains(msg, "no task charge/o-3") {
+	if msg := fatal(t, func(tb testing.TB) { e.Work(ctx, tb, c, "charge", "o-3") }); !strings.Contains(msg, "no task charge/o-3") {
 		t.Errorf("Work of a missing task failed with %q", msg)
 	}
 }
@@ -201,9 +201,9 @@ func TestWorkHandsTheRelaysTask(t *testing.T) {
 	t.Parallel()
 	e := env(t)
 	ctx := context.Background()
-	w := e.Worker(t, delayq.WorkerConfig{})
+	c := e.Client(t, delayq.Config{})
 	var got *delayq.Task
-	if err := delayq.Register(w, charges, func(_ context.Context, tk *delayq.Task, _ charge) error {
+	if err := delayq.Register(c, charges, func(_ context.Context, tk *delayq.Task, _ charge) error {
 		got = tk
 		return nil
 	}, delayq.QueueConfig{}); err != nil {
@@ -215,7 +215,7 @@ func TestWorkHandsTheRelaysTask(t *testing.T) {
 		StartBy: startBy, Priority: 3}, charge{"o-9", 1}); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, "charge", "o-9"); res.Outcome != delayq.OutcomeSucceeded || got == nil {
+	if res := e.Work(ctx, t, c, "charge", "o-9"); res.Outcome != delayq.OutcomeSucceeded || got == nil {
 		t.Fatalf("o-9: %+v", res)
 	}
 	if got.TraceContext != trace || !got.StartBy.Equal(startBy) {

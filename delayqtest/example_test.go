@@ -46,12 +46,12 @@ func Example() {
 		t.Fatal(err)
 	}
 
-	w := e.Worker(t, delayq.WorkerConfig{})
-	_ = delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
+	c := e.Client(t, delayq.Config{})
+	_ = delayq.RegisterTx(c, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		_, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1`, c.Order)
 		return err
 	}, delayq.QueueConfig{})
-	res := e.Work(ctx, t, w, charges.Name, "order-1") // now, not in 30 minutes
+	res := e.Work(ctx, t, c, charges.Name, "order-1") // now, not in 30 minutes
 	if res.Outcome != delayq.OutcomeSucceeded {
 		t.Fatalf("charge: %v %v", res.Outcome, res.Err)
 	}

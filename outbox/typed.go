@@ -81,21 +81,31 @@ func (q Queue[T]) Task(t Task, v T) (Task, error) {
 	return t, nil
 }
 
-// Enqueue enqueues t with v's payload through c, in q's transaction (see
-// Client.Enqueue).
-func (q Queue[T]) Enqueue(ctx context.Context, c *Client, db Querier, t Task, v T) (Result, error) {
+// Producer is what a typed queue enqueues through: an outbox Client, or the
+// delayq client, which holds one.
+type Producer interface {
+	// Outbox returns the outbox client the enqueue runs on.
+	Outbox() *Client
+}
+
+// Outbox returns c: an outbox Client is a Producer.
+func (c *Client) Outbox() *Client { return c }
+
+// Enqueue enqueues t with v's payload through p, in db, the caller's
+// transaction (see Client.Enqueue).
+func (q Queue[T]) Enqueue(ctx context.Context, p Producer, db Querier, t Task, v T) (Result, error) {
 	t, err := q.Task(t, v)
 	if err != nil {
 		return Result{}, err
 	}
-	return c.Enqueue(ctx, db, t)
+	return p.Outbox().Enqueue(ctx, db, t)
 }
 
 // EnqueueSQL is Enqueue in a database/sql transaction (see Client.EnqueueSQL).
-func (q Queue[T]) EnqueueSQL(ctx context.Context, c *Client, tx SQLQuerier, t Task, v T) (Result, error) {
+func (q Queue[T]) EnqueueSQL(ctx context.Context, p Producer, tx SQLQuerier, t Task, v T) (Result, error) {
 	t, err := q.Task(t, v)
 	if err != nil {
 		return Result{}, err
 	}
-	return c.EnqueueSQL(ctx, tx, t)
+	return p.Outbox().EnqueueSQL(ctx, tx, t)
 }

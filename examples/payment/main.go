@@ -30,8 +30,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/dispatch"
-	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -67,18 +65,24 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := setup(ctx, pool); err != nil {
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
 		return err
 	}
-	ob, err := outbox.New(outbox.Config{})
+	client, err := delayq.New(pool, redis.NewClient(opt), delayq.Config{
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
 	if err != nil {
+		return err
+	}
+	if err := setup(ctx, client, pool); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "enqueue":
-		return enqueue(ctx, pool, ob, *start, *count, *delay)
+		return enqueue(ctx, pool, client, *start, *count, *delay)
 	case "worker":
-		return work(ctx, pool, ob, *concurrency)
+		return work(ctx, client, *concurrency)
 	case "report":
 		return report(ctx, pool)
 	}
@@ -88,10 +92,8 @@ func run(ctx context.Context, args []string) error {
 // setup applies the delayq migrations and creates the business tables. The ledger
 // has no unique constraint on order_id on purpose: a charge applied twice would be
 // a second row that anyone counting rows can see.
-func setup(ctx context.Context, pool *pgxpool.Pool) error {
-	db := migrations.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := migrations.Up(ctx, db, migrations.Config{}); err != nil {
+func setup(ctx context.Context, client *delayq.Client, pool *pgxpool.Pool) error {
+	if err := client.Migrate(ctx); err != nil {
 		return err
 	}
 	_, err := pool.Exec(ctx, `
@@ -101,20 +103,20 @@ func setup(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // placeOrder writes an order and its charge in tx; a second call is a duplicate.
-func placeOrder(ctx context.Context, ob *outbox.Client, tx pgx.Tx, id string, cents int, delay time.Duration) (duplicate bool, err error) {
+func placeOrder(ctx context.Context, client *delayq.Client, tx pgx.Tx, id string, cents int, delay time.Duration) (duplicate bool, err error) {
 	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, amount_cents) VALUES ($1, $2) ON CONFLICT DO NOTHING`, id, cents); err != nil {
 		return false, err
 	}
-	res, err := charges.Enqueue(ctx, ob, tx, outbox.Task{ID: id, Delay: delay}, Charge{AmountCents: cents})
+	res, err := charges.Enqueue(ctx, client, tx, outbox.Task{ID: id, Delay: delay}, Charge{AmountCents: cents})
 	return res.Duplicate, err
 }
 
 // enqueue places orders, each twice as a retried HTTP request would.
-func enqueue(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, start, count int, delay time.Duration) error {
+func enqueue(ctx context.Context, pool *pgxpool.Pool, client *delayq.Client, start, count int, delay time.Duration) error {
 	n := map[bool]int{}
 	for i := start * 2; i < (start+count)*2; i++ {
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			dup, err := placeOrder(ctx, ob, tx, fmt.Sprintf("order-%d", i/2), 1000+i/2%100, delay)
+			dup, err := placeOrder(ctx, client, tx, fmt.Sprintf("order-%d", i/2), 1000+i/2%100, delay)
 			n[dup]++
 			return err
 		}); err != nil {
@@ -127,8 +129,8 @@ func enqueue(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, start, 
 
 // register adds the charge handler: the ledger row commits with the task's
 // completion. OnDead marks the order of a declined charge with its death.
-func register(w *delayq.Worker, concurrency int) error {
-	return delayq.RegisterTx(w, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
+func register(client *delayq.Client, concurrency int) error {
+	return delayq.RegisterTx(client, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
 		if c.AmountCents <= 0 {
 			return delayq.NoRetry(errors.New("card declined"))
 		}
@@ -141,24 +143,12 @@ func register(w *delayq.Worker, concurrency int) error {
 }
 
 // work runs the charge handler until interrupted.
-func work(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, concurrency int) error {
-	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
-	if err != nil {
-		return err
-	}
-	dq, err := dispatch.New(redis.NewClient(opt), dispatch.Config{})
-	if err != nil {
-		return err
-	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		return err
-	}
-	if err = register(w, concurrency); err != nil {
+func work(ctx context.Context, client *delayq.Client, concurrency int) error {
+	if err := register(client, concurrency); err != nil {
 		return err
 	}
 	fmt.Println("worker running; Ctrl-C to stop")
-	return w.Run(ctx)
+	return client.Run(ctx)
 }
 
 func report(ctx context.Context, pool *pgxpool.Pool) error {

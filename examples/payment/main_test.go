@@ -17,31 +17,31 @@ import (
 // DELAYQ_TEST_REDIS_URL and passes delayqtest.Options{} instead.)
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-func newEnv(t *testing.T) (*delayqtest.Env, *delayq.Worker) {
+func newEnv(t *testing.T) (*delayqtest.Env, *delayq.Client) {
 	e := delayqtest.New(t, delayqtest.Options{PostgresURL: testenv.PostgresURL(t), RedisURL: testenv.RedisURL(t)})
-	if err := setup(context.Background(), e.Pool); err != nil {
+	c := e.Client(t, delayq.Config{})
+	if err := setup(context.Background(), c, e.Pool); err != nil {
 		t.Fatal(err)
 	}
-	w := e.Worker(t, delayq.WorkerConfig{})
-	if err := register(w, 1); err != nil {
+	if err := register(c, 1); err != nil {
 		t.Fatal(err)
 	}
-	return e, w
+	return e, c
 }
 
 // An order enqueues its charge in its own transaction, once; the charge writes
 // one ledger row, and a second delivery is refused.
 func TestChargeOnce(t *testing.T) {
 	t.Parallel()
-	e, w := newEnv(t)
+	e, c := newEnv(t)
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		if dup, err := placeOrder(ctx, e.Outbox, tx, "order-1", 1250, time.Hour); err != nil || dup {
+		if dup, err := placeOrder(ctx, c, tx, "order-1", 1250, time.Hour); err != nil || dup {
 			t.Fatalf("placeOrder: duplicate %v, %v", dup, err)
 		}
 		delayqtest.RequireEnqueued(ctx, t, tx, delayqtest.Want{Queue: charges.Name, ID: "order-1",
 			Payload: delayqtest.Equal(charges, Charge{AmountCents: 1250}), RunAt: time.Now().Add(time.Hour), Within: time.Minute})
-		dup, err := placeOrder(ctx, e.Outbox, tx, "order-1", 1250, time.Hour)
+		dup, err := placeOrder(ctx, c, tx, "order-1", 1250, time.Hour)
 		if !dup {
 			t.Error("the second placeOrder was not a duplicate")
 		}
@@ -50,7 +50,7 @@ func TestChargeOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, charges.Name, "order-1"); res.Outcome != delayq.OutcomeSucceeded {
+	if res := e.Work(ctx, t, c, charges.Name, "order-1"); res.Outcome != delayq.OutcomeSucceeded {
 		t.Fatalf("charge: %+v", res)
 	}
 	var rows int
@@ -63,15 +63,15 @@ func TestChargeOnce(t *testing.T) {
 // row; an order whose transaction rolled back enqueued nothing.
 func TestDeclinedCharge(t *testing.T) {
 	t.Parallel()
-	e, w := newEnv(t)
+	e, c := newEnv(t)
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		_, err := placeOrder(ctx, e.Outbox, tx, "order-0", 0, 0)
+		_, err := placeOrder(ctx, c, tx, "order-0", 0, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Work(ctx, t, w, charges.Name, "order-0"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
+	if res := e.Work(ctx, t, c, charges.Name, "order-0"); res.Outcome != delayq.OutcomeDead || res.Err == nil {
 		t.Fatalf("declined charge: %+v", res)
 	}
 	var status string
@@ -87,7 +87,7 @@ func TestDeclinedCharge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := placeOrder(ctx, e.Outbox, tx, "order-2", 10, 0); err != nil {
+	if _, err := placeOrder(ctx, c, tx, "order-2", 10, 0); err != nil {
 		t.Fatal(err)
 	}
 	_ = tx.Rollback(ctx)

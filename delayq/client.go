@@ -1,0 +1,240 @@
+package delayq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/migrations"
+	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/relay"
+)
+
+// Config configures a Client. The zero value means every default. The schema,
+// the key prefix and the notification channel are named here once: the outbox,
+// the worker, the relay and the operator calls all use them.
+type Config struct {
+	// Schema holds the outbox table (Migrate creates it there). Default
+	// "public": a plain lower-case identifier, 1..63 bytes of [a-z0-9_].
+	Schema string
+	// Prefix starts every Redis key of this deployment. Default "dq"; 1..64
+	// bytes of [A-Za-z0-9_.:-]. Workers, relays and the delayq command of one
+	// deployment must use the same.
+	Prefix string
+	// NotifyChannel is the Postgres channel an enqueue wakes the relay on.
+	// Default "delayq_outbox"; 1..63 bytes of [a-z0-9_].
+	NotifyChannel string
+
+	// Logger receives the worker's and the relay's state changes and errors,
+	// unless Worker.Logger or Relay.Logger is set. Default: discard.
+	Logger *slog.Logger
+	// Registerer, when set, gets the worker's and the relay's Prometheus
+	// collectors, unless Worker.Registerer or Relay.Registerer is set. Default
+	// nil: no Prometheus metrics.
+	Registerer prometheus.Registerer
+
+	// Outbox sets the producer's limits and notification timing (see
+	// outbox.Config). Leave its Schema and NotifyChannel empty: they come from
+	// above.
+	Outbox outbox.Config
+	// Worker sets the leases, the shutdown and the middleware of the handlers
+	// registered on this client (see WorkerConfig).
+	Worker WorkerConfig
+	// Relay, when set, makes Run run the relay in this process beside the
+	// workers, with its periodic schedules (Relay.Schedules): one process for a
+	// small deployment. Leave its Schema and NotifyChannel empty. To scale, run
+	// the relay as its own process (the `delayq relay` command) and leave this
+	// nil. Default nil: no relay here.
+	Relay *relay.Config
+}
+
+// Client is delayq for one service: it migrates the schema, enqueues in the
+// caller's transaction (as the Producer of outbox.Queue's Enqueue), runs the
+// registered handlers (and, with Config.Relay, the relay), and carries the
+// operator's calls. Create it with New; it is safe for concurrent use.
+type Client struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	dq   *dispatch.Client
+	ob   *outbox.Client
+	w    *Worker
+	rl   *relay.Relay // nil without Config.Relay
+	ctl  *queuectl.Controller
+
+	mu      sync.Mutex
+	running bool
+}
+
+// New returns a Client on pool (the outbox's database) and rdb (Redis: a
+// client, a cluster client or a failover client). It checks cfg and connects to
+// nothing: the first call that needs a server does.
+func New(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg Config) (*Client, error) {
+	if pool == nil || rdb == nil {
+		return nil, fmt.Errorf("%w: New needs a pgx pool and a Redis client", ErrInvalidConfig)
+	}
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{pool: pool, cfg: cfg}
+	if c.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.ob, err = outbox.New(cfg.Outbox); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.w, err = NewWorker(pool, c.dq, c.ob, cfg.Worker); err != nil {
+		return nil, err
+	}
+	if cfg.Relay != nil {
+		if c.rl, err = relay.New(pool, c.dq, *cfg.Relay); err != nil {
+			return nil, fmt.Errorf("%w: relay: %w", ErrInvalidConfig, err)
+		}
+	}
+	if c.ctl, err = queuectl.New(pool, c.dq, cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return c, nil
+}
+
+// resolve applies the defaults and hands the names given once to the parts.
+func (c Config) resolve() (Config, error) {
+	if c.Schema == "" {
+		c.Schema = migrations.DefaultSchema
+	}
+	if c.Prefix == "" {
+		c.Prefix = dispatch.DefaultPrefix
+	}
+	if c.NotifyChannel == "" {
+		c.NotifyChannel = outbox.DefaultNotifyChannel
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := migrations.ValidateSchema(c.Schema); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for _, part := range []struct {
+		name, schema, channel string
+	}{
+		{"Outbox", c.Outbox.Schema, c.Outbox.NotifyChannel},
+		{"Relay", relaySchema(c.Relay), relayChannel(c.Relay)},
+	} {
+		if part.schema != "" && part.schema != c.Schema || part.channel != "" && part.channel != c.NotifyChannel {
+			return c, fmt.Errorf("%w: %s names a schema or a notification channel of its own: set Config.Schema and Config.NotifyChannel alone",
+				ErrInvalidConfig, part.name)
+		}
+	}
+	c.Outbox.Schema, c.Outbox.NotifyChannel = c.Schema, c.NotifyChannel
+	if c.Worker.Logger == nil {
+		c.Worker.Logger = c.Logger
+	}
+	if c.Worker.Registerer == nil {
+		c.Worker.Registerer = c.Registerer
+	}
+	if c.Relay != nil {
+		r := *c.Relay
+		r.Schema, r.NotifyChannel = c.Schema, c.NotifyChannel
+		if r.Logger == nil {
+			r.Logger = c.Logger
+		}
+		if r.Registerer == nil {
+			r.Registerer = c.Registerer
+		}
+		c.Relay = &r
+	}
+	return c, nil
+}
+
+func relaySchema(r *relay.Config) string {
+	if r == nil {
+		return ""
+	}
+	return r.Schema
+}
+
+func relayChannel(r *relay.Config) string {
+	if r == nil {
+		return ""
+	}
+	return r.NotifyChannel
+}
+
+// Migrate creates or upgrades the outbox's tables in Config.Schema to this
+// version of delayq (the migrations are embedded). Safe to call from every
+// process at start: concurrent calls migrate once, the others wait.
+func (c *Client) Migrate(ctx context.Context) error {
+	db := migrations.OpenDBFromPool(c.pool)
+	defer db.Close()
+	_, err := migrations.Up(ctx, db, migrations.Config{Schema: c.cfg.Schema})
+	return err
+}
+
+// Outbox returns the outbox client that enqueues for c: c is an
+// outbox.Producer, so a typed queue enqueues through c directly.
+func (c *Client) Outbox() *outbox.Client { return c.ob }
+
+// Run runs the handlers registered on c and, with Config.Relay, the relay,
+// until ctx ends; then it shuts down gracefully (in-flight handlers finish
+// within WorkerConfig.ShutdownTimeout, the others are handed back) and returns
+// nil. If one part stops with an error, Run stops the other and returns it. A
+// schema that was not migrated stops Run at once with outbox.ErrNotMigrated;
+// a client with no handler and no relay returns ErrNoHandlers.
+func (c *Client) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return ErrRunning
+	}
+	c.running = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.running = false
+		c.mu.Unlock()
+	}()
+
+	var parts []func(context.Context) error
+	if c.w.handlers() > 0 {
+		parts = append(parts, c.w.Run)
+	}
+	if c.rl != nil {
+		parts = append(parts, c.rl.Run)
+	}
+	if len(parts) == 0 {
+		return fmt.Errorf("%w: register a handler, or set Config.Relay", ErrNoHandlers)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(parts))
+	for _, run := range parts {
+		go func() {
+			err := run(ctx)
+			cancel() // one part's end ends the others
+			errs <- err
+		}()
+	}
+	var all []error
+	for range parts {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+// Work claims one due task of queue and runs it to its end, synchronously, as
+// Run would: middleware, handler, completion guard and commit, hooks, the Redis
+// ack or retry. It is for tests (package delayqtest's Env.Work) and tools; it
+// cannot be called while Run runs (ErrRunning). A queue without a registered
+// handler is ErrInvalidQueue.
+func (c *Client) Work(ctx context.Context, queue string) (WorkResult, error) {
+	return c.w.Work(ctx, queue)
+}
