@@ -118,11 +118,11 @@ func TestBackoffBounds(t *testing.T) {
 func TestSteeringErrorTypes(t *testing.T) {
 	t.Parallel()
 	inner := errors.New("inner")
-	var ra *RetryAfterError
+	var ra *retryAfterError
 	if err := fmt.Errorf("wrapped: %w", RetryAfter(time.Minute, inner)); !errors.As(err, &ra) || ra.Delay != time.Minute || !errors.Is(err, inner) {
 		t.Errorf("RetryAfter: %v", err)
 	}
-	var nr *NoRetryError
+	var nr *noRetryError
 	if err := fmt.Errorf("wrapped: %w", NoRetry(inner)); !errors.As(err, &nr) || !errors.Is(err, inner) || err.Error() != "wrapped: inner" {
 		t.Errorf("NoRetry: %v", err)
 	}

@@ -1,45 +1,62 @@
-// Package worker runs delayq tasks: it claims due tasks from Redis, runs the
-// handler registered for their queue, records the completion in the Postgres
-// outbox and acknowledges Redis, so that a task's transactional effect is applied
-// exactly once whatever crashes, expired leases or duplicate deliveries happen.
+// Package delayq runs delayed tasks for a Go service on PostgreSQL and Redis:
+// a task is enqueued inside the service's own transaction (it exists if and
+// only if that transaction commits), moved to Redis shortly before it is due,
+// claimed on time by a worker, and its completion is recorded in PostgreSQL in
+// the handler's own transaction, so that its effect happens exactly once.
+//
+// One Client does it all: it migrates, enqueues, runs the handlers (and, as an
+// option, the relay and the periodic schedules in the same process) and
+// carries the operator's calls.
 //
 //	type Charge struct{ Order string; AmountCents int }
-//	var Charges = outbox.Queue[Charge]{Name: "charge"} // shared with the producers
+//	var Charges = outbox.Queue[Charge]{Name: "charge"} // producers and workers share it
 //
-//	w, err := worker.New(pool, dq, ob, worker.Config{})
-//	err = worker.RegisterTx(w, Charges, func(ctx context.Context, tx pgx.Tx, t *worker.Task, c Charge) error {
+//	client, err := delayq.New(pool, rdb, delayq.Config{Relay: &relay.Config{}})
+//	err = client.Migrate(ctx)
+//	err = delayq.RegisterTx(client, Charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
 //		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, c.Order, c.AmountCents)
-//		return err
-//	}, worker.QueueConfig{Concurrency: 20})
-//	err = w.Run(ctx) // until ctx is cancelled, then a graceful shutdown
+//		return err // committed with the task's completion: exactly once
+//	}, delayq.QueueConfig{Concurrency: 20})
+//
+//	// in the business transaction:
+//	_, err = Charges.Enqueue(ctx, client, tx, outbox.Task{ID: order, Delay: 30 * time.Minute}, Charge{order, 4200})
+//
+//	err = client.Run(ctx) // until ctx is cancelled, then a graceful shutdown
+//
+// Services that only produce need no Redis: package outbox enqueues alone.
+// Large deployments run the relay as its own process (the delayq relay
+// command) and leave Config.Relay nil. The operator's calls (Pause, Resume,
+// SetRateLimit, Cancel, Reschedule, RetryDead, PurgeDead, Stats, Check,
+// Reconcile) write PostgreSQL first and Redis after, through the same
+// operations as the workers (docs/DESIGN.md).
 //
 // # Typed handlers
 //
 // An outbox.Queue[T] names a queue and the type of its payloads, and is shared by
-// producers (Queue.Enqueue) and workers (Register, RegisterTx): the handler gets
+// producers (Queue.Enqueue) and handlers (Register, RegisterTx, RegisterSQL): the handler gets
 // the decoded T. JSON is the default codec; a Queue may name another
 // (outbox.Codec). A payload that does not decode makes the task dead at once,
-// with the reason as its last error. Handle and HandleTx take the raw payload.
+// with the reason as its last error.
 //
 // # database/sql
 //
-// HandleSQLTx (and RegisterSQL) registers a transactional handler that gets a
+// RegisterSQL registers a transactional handler that gets a
 // *sql.Tx begun on the *sql.DB it is given (pgx's stdlib driver, or another
 // Postgres driver), for sqlx, GORM or ent code: the guard runs in that
-// transaction and commits with the handler's writes, as for HandleTx.
+// transaction and commits with the handler's writes, as for RegisterTx.
 //
 // # Middleware
 //
 // A Middleware wraps every run of a handler, plain or transactional: logging,
-// tracing, metrics, timeouts, panics. Config.Middleware wraps every queue,
+// tracing, metrics, timeouts, panics. WorkerConfig.Middleware wraps every queue,
 // QueueConfig.Middleware one queue, inside the worker's. The built-ins are
-// middleware too: Recover (always the outermost, with Config.Logger), Timeout and
+// middleware too: Recover (always the outermost, with WorkerConfig.Logger), Timeout and
 // Logging. A middleware that returns an error fails the run, and what a
 // transactional handler wrote is rolled back.
 //
 // # Two kinds of handlers
 //
-// A transactional handler (HandleTx) gets a pgx.Tx of the worker's. After the
+// A transactional handler (RegisterTx) gets a pgx.Tx of the worker's. After the
 // handler returns nil, the worker runs the completion guard (outbox.MarkDone's) in
 // the same transaction and commits, both in one round trip: the handler's writes
 // and "task done" commit together or not at all (a guard that matches nothing
@@ -80,7 +97,7 @@
 // handlers whose writes hold no contended locks: the rows a handler locks stay
 // locked until its group commits.
 //
-// A plain handler (Handle) is for effects outside Postgres, such as an HTTP call.
+// A plain handler (Register) is for effects outside Postgres, such as an HTTP call.
 // It runs at least once; the completion is still recorded in the outbox after it
 // returns nil. Pass Task.IdempotencyKey to the external system so that it applies
 // the effect once.
@@ -88,16 +105,16 @@
 // Finished runs are settled in batches without a timer: the completions of plain
 // runs go to Postgres in one guarded UPDATE and one commit for all that finished
 // while the previous batch was written, and successful runs of both kinds are
-// acknowledged in Redis with one script call per queue (delayq CompleteMany). A
+// acknowledged in Redis with one script call per queue (the complete-many script). A
 // successful run is handed to these stages, which end it: its goroutine returns
 // to the pool at once, without waiting for the commit or the acknowledgement.
 //
 // # Leases and heartbeats
 //
-// A claim leases the task for Config.Lease (default 5s). While the handler runs,
-// the worker renews the lease every Config.HeartbeatInterval (default a third of
+// A claim leases the task for WorkerConfig.Lease (default 5s). While the handler runs,
+// the worker renews the lease every WorkerConfig.HeartbeatInterval (default a third of
 // the lease): one heartbeat loop per worker renews all its leases of a queue with
-// one script call (delayq ExtendMany), each between half an interval and an
+// one script call (the extend-many script), each between half an interval and an
 // interval after its previous renewal. When a renewal is refused (the lease expired and was reaped, the task
 // was rescheduled or removed) or cannot be made before the lease runs out, the
 // handler's context is cancelled with cause ErrLeaseLost (see context.Cause). A
@@ -123,7 +140,7 @@
 // death: "mark the order payment_failed" commits with the death, exactly once.
 // A hook that fails rolls the death back and the task fails again later (see
 // DeadHook). A death the relay records (a crash on the last attempt, a row Redis
-// refuses) is marked, and the worker's sweep runs the hook later, exactly once. Config.OnError sees every failure with what the worker does about
+// refuses) is marked, and the worker's sweep runs the hook later, exactly once. WorkerConfig.OnError sees every failure with what the worker does about
 // it. From inside a handler, Snooze(d) runs the task again after d without
 // counting the run, and Cancel(err) finishes it without effect, recorded as
 // cancelled; both roll back a transactional handler's writes.
@@ -131,9 +148,9 @@
 // # Shutdown
 //
 // When Run's context is cancelled, the worker stops claiming and lets the handlers
-// in flight finish within Config.ShutdownTimeout. Then it cancels their contexts
+// in flight finish within WorkerConfig.ShutdownTimeout. Then it cancels their contexts
 // (cause ErrShutdown), waits for them to return, rolls their transactions back and
-// gives their leases back (delayq Release): those tasks run again at once,
+// gives their leases back (the release script): those tasks run again at once,
 // elsewhere, and the interrupted run does not count as an attempt.
 //
 // # Claiming
@@ -145,7 +162,7 @@
 // ending one by one do not turn the backlog into a claim per task; a due task
 // waits at most that long, and only behind older due tasks. (Queues of a
 // PriorityGroup claim for the group's free slots without this wait.) When none is due, it sleeps until the next one falls due by the
-// Redis clock, or until an earlier one is enqueued (delayq.Waiter): there is no
+// Redis clock, or until an earlier one is enqueued (a Redis pub/sub wake-up): there is no
 // polling interval. A long sleep ends a little early (50, then 10, then 2 ms before
 // the due time) with a claim that finds nothing due yet, so that the claim at the
 // due time does not pay for waking an idle machine; no task is ever claimed early.

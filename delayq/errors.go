@@ -31,9 +31,9 @@ var (
 	ErrShutdown = errors.New("worker: shut down before the handler returned")
 )
 
-// RetryAfterError is returned by RetryAfter: the task runs again after Delay
+// retryAfterError is returned by RetryAfter: the task runs again after Delay
 // instead of the queue's backoff. The run still counts as an attempt.
-type RetryAfterError struct {
+type retryAfterError struct {
 	Delay time.Duration
 	Err   error
 }
@@ -42,33 +42,33 @@ type RetryAfterError struct {
 // least 1ms) rather than after the queue's backoff. The run still counts against
 // the task's max attempts. err is kept as the task's last error and may be nil.
 func RetryAfter(d time.Duration, err error) error {
-	return &RetryAfterError{Delay: d, Err: err}
+	return &retryAfterError{Delay: d, Err: err}
 }
 
-func (e *RetryAfterError) Error() string {
+func (e *retryAfterError) Error() string {
 	if e.Err == nil {
 		return fmt.Sprintf("retry after %v", e.Delay)
 	}
 	return e.Err.Error()
 }
 
-func (e *RetryAfterError) Unwrap() error { return e.Err }
+func (e *retryAfterError) Unwrap() error { return e.Err }
 
-// NoRetryError is returned by NoRetry: the task is dead at once.
-type NoRetryError struct {
+// noRetryError is returned by NoRetry: the task is dead at once.
+type noRetryError struct {
 	Err error
 }
 
 // NoRetry returns an error that makes the task dead at once, whatever attempts it
 // has left (a payload that can never succeed, for example). err is kept as the
 // task's last error and may be nil. A dead task waits for a person.
-func NoRetry(err error) error { return &NoRetryError{Err: err} }
+func NoRetry(err error) error { return &noRetryError{Err: err} }
 
-func (e *NoRetryError) Error() string {
+func (e *noRetryError) Error() string {
 	if e.Err == nil {
 		return "no retry"
 	}
 	return e.Err.Error()
 }
 
-func (e *NoRetryError) Unwrap() error { return e.Err }
+func (e *noRetryError) Unwrap() error { return e.Err }

@@ -14,19 +14,19 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
-// SnoozeError is returned by Snooze.
-type SnoozeError struct{ Delay time.Duration }
+// snoozeError is returned by Snooze.
+type snoozeError struct{ Delay time.Duration }
 
 // Snooze returns an error that makes the worker run the task again after d (0:
 // at once) without counting this run as an attempt: the handler is not ready to
 // do the work yet (a resource it waits for, a rate limit). A transactional
 // handler's writes are rolled back. A task that snoozes for ever never dies.
-func Snooze(d time.Duration) error { return &SnoozeError{Delay: max(d, 0)} }
+func Snooze(d time.Duration) error { return &snoozeError{Delay: max(d, 0)} }
 
-func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
+func (e *snoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
 
-// CancelError is returned by Cancel.
-type CancelError struct{ Err error }
+// cancelError is returned by Cancel.
+type cancelError struct{ Err error }
 
 // Cancel returns an error that finishes the task without effect: it is recorded
 // as cancelled in the outbox, err as its last error (may be nil), and never runs
@@ -34,16 +34,16 @@ type CancelError struct{ Err error }
 // effects outside Postgres are its own. Use it when the work has become
 // pointless (the order was deleted, say); a failure that should wait for a
 // person is NoRetry.
-func Cancel(err error) error { return &CancelError{Err: err} }
+func Cancel(err error) error { return &cancelError{Err: err} }
 
-func (e *CancelError) Error() string {
+func (e *cancelError) Error() string {
 	if e.Err == nil {
 		return "cancelled"
 	}
 	return e.Err.Error()
 }
 
-func (e *CancelError) Unwrap() error { return e.Err }
+func (e *cancelError) Unwrap() error { return e.Err }
 
 // RetryPolicy decides, after the failed run number attempt (1 for the first),
 // whether the task runs again and after how long (at least 1ms): retry false
@@ -106,8 +106,8 @@ func (r *run) reportError(ctx context.Context, f Failure) {
 // before the next run.
 func (r *run) decide(err error) (dead bool, delay time.Duration) {
 	q, t := r.q, r.t
-	var noRetry *NoRetryError
-	var after *RetryAfterError
+	var noRetry *noRetryError
+	var after *retryAfterError
 	switch {
 	case errors.As(err, &noRetry) || t.Attempt >= t.MaxAttempts:
 		return true, 0

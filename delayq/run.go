@@ -331,8 +331,8 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 // the queue's OnDead hook in the same transaction) and then in Redis.
 func (r *run) fail(ctx context.Context, err error) outcome {
 	w, t := r.w, r.t
-	var snooze *SnoozeError
-	var cancel *CancelError
+	var snooze *snoozeError
+	var cancel *cancelError
 	steer := errors.As(err, &snooze) || errors.As(err, &cancel)
 	if !steer {
 		w.stats.failed.Add(1)

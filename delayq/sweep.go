@@ -16,22 +16,22 @@ import (
 // worker's sweep runs it later.
 var ErrDeathWithoutHook = errors.New("death recorded without its hook")
 
-// DeferredDeathError is the cause an OnDead hook gets for a death recorded
+// deferredDeathError is the cause an OnDead hook gets for a death recorded
 // without it: the relay's reaper declared the task dead (its worker crashed or
 // lost its lease on the last attempt), the relay refused the row as one Redis
 // cannot hold, or a worker found that Redis had counted the attempts out. It is
 // ErrDeathWithoutHook.
-type DeferredDeathError struct {
+type deferredDeathError struct {
 	// Reason is the death's recorded error (the row's last error).
 	Reason string
 	// DiedAt is when the death was recorded, by the database clock.
 	DiedAt time.Time
 }
 
-func (e *DeferredDeathError) Error() string { return e.Reason }
+func (e *deferredDeathError) Error() string { return e.Reason }
 
 // Is makes errors.Is(e, ErrDeathWithoutHook) true.
-func (e *DeferredDeathError) Is(target error) bool { return target == ErrDeathWithoutHook }
+func (e *deferredDeathError) Is(target error) bool { return target == ErrDeathWithoutHook }
 
 // sweeper runs the OnDead hooks of the deaths recorded without them
 // (transition dead-hook), for the queues this worker serves with a hook. A
@@ -194,7 +194,7 @@ func (s *sweeper) one(ctx context.Context) (took bool, err error) {
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < t.MaxAttempts {
 		t.MaxAttempts = q.cfg.MaxAttempts
 	}
-	cause := &DeferredDeathError{Reason: row.LastError, DiedAt: row.DiedAt}
+	cause := &deferredDeathError{Reason: row.LastError, DiedAt: row.DiedAt}
 	if _, err := tx.Exec(octx, "SAVEPOINT "+hookSavepoint); err != nil {
 		return false, fmt.Errorf("savepoint: %w", err)
 	}
