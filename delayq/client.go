@@ -238,3 +238,7 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) Work(ctx context.Context, queue string) (WorkResult, error) {
 	return c.w.Work(ctx, queue)
 }
+
+// Prioritize makes the queues of g, each registered before, share one pool of
+// handler slots, claimed by weight (see PriorityGroup). Call it before Run.
+func (c *Client) Prioritize(g PriorityGroup) error { return c.w.Prioritize(g) }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -15,18 +17,29 @@ var (
 	ErrInvalidQueue = validate.ErrInvalidQueue
 	// ErrInvalidConfig reports a Config or QueueConfig that does not validate, a nil
 	// dependency, or a queue registered twice.
-	ErrInvalidConfig = errors.New("worker: invalid config")
-	// ErrNoHandlers reports Run on a Worker without any registered queue.
-	ErrNoHandlers = errors.New("worker: no handlers registered")
+	ErrInvalidConfig = errors.New("delayq: invalid config")
+	// ErrNoHandlers reports Run with nothing to run: no handler registered (and,
+	// on a Client, no Config.Relay).
+	ErrNoHandlers = errors.New("delayq: no handlers registered")
 	// ErrRunning reports a second Run, or a registration while Run is in progress.
-	ErrRunning = errors.New("worker: already running")
+	ErrRunning = errors.New("delayq: already running")
+
+	// ErrNotMirrored reports a queue control (Pause, Resume, SetRateLimit,
+	// SetShards) committed in PostgreSQL whose write into Redis failed: the change
+	// stands and is returned with the error, and the relay writes it into Redis
+	// within seconds.
+	ErrNotMirrored = queuectl.ErrNotMirrored
+	// ErrQueueNotEmpty reports a shard count refused because the queue has a task
+	// in PostgreSQL or Redis: tasks keep to the shards they were moved with, so
+	// the count changes only while the queue is empty. Nothing was written.
+	ErrQueueNotEmpty = taskstate.ErrQueueNotEmpty
 
 	// ErrLeaseLost is the cause (context.Cause) of a handler's context cancelled
 	// because the worker no longer holds the task's lease: it expired and was
-	// reaped, or the task was rescheduled or removed. It is delayq.ErrLeaseLost.
+	// reaped, or the task was rescheduled or removed.
 	ErrLeaseLost = dispatch.ErrLeaseLost
 	// ErrShutdown is the cause (context.Cause) of a handler's context cancelled
-	// because the worker is shutting down and Config.ShutdownTimeout has passed.
+	// because the worker is shutting down and WorkerConfig.ShutdownTimeout has passed.
 	// The task's lease is given back and it runs again at once, elsewhere.
 	ErrShutdown = errors.New("worker: shut down before the handler returned")
 )
