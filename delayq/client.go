@@ -2,6 +2,7 @@ package delayq
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -62,11 +63,11 @@ type Config struct {
 // registered handlers (and, with Config.Relay, the relay), and carries the
 // operator's calls. Create it with New; it is safe for concurrent use.
 type Client struct {
-	pool *pgxpool.Pool
+	pool DB
 	cfg  Config
 	dq   *dispatch.Client
 	ob   *outbox.Client
-	w    *Worker
+	w    *worker
 	rl   *relay.Relay // nil without Config.Relay
 	ctl  *queuectl.Controller
 
@@ -74,25 +75,30 @@ type Client struct {
 	running bool
 }
 
-// New returns a Client on pool (the outbox's database) and rdb (Redis: a
-// client, a cluster client or a failover client). It checks cfg and connects to
-// nothing: the first call that needs a server does.
-func New(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg Config) (*Client, error) {
+// New returns a Client on pool (the outbox's database: a *pgxpool.Pool, or a
+// wrapper of one that is a DB) and rdb (Redis: a client, a cluster client or a
+// failover client). It checks cfg and connects to nothing: the first call that
+// needs a server does.
+func New(pool DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if pool == nil || rdb == nil {
 		return nil, fmt.Errorf("%w: New needs a pgx pool and a Redis client", ErrInvalidConfig)
 	}
-	cfg, err := cfg.resolve()
+	cfg, err := cfg.resolve(rdb)
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{pool: pool, cfg: cfg}
-	if c.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
+	if b, ok := rdb.(dispatch.Bound); ok { // the module's own tools: their dispatch client
+		if c.dq = b.Client; c.dq.Config().Prefix != cfg.Prefix {
+			return nil, fmt.Errorf("%w: Prefix %q, the dispatch client's %q", ErrInvalidConfig, cfg.Prefix, c.dq.Config().Prefix)
+		}
+	} else if c.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if c.ob, err = outbox.New(cfg.Outbox); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if c.w, err = NewWorker(pool, c.dq, c.ob, cfg.Worker); err != nil {
+	if c.w, err = newWorker(pool, c.dq, c.ob, cfg.Worker); err != nil {
 		return nil, err
 	}
 	if cfg.Relay != nil {
@@ -107,9 +113,12 @@ func New(pool *pgxpool.Pool, rdb redis.UniversalClient, cfg Config) (*Client, er
 }
 
 // resolve applies the defaults and hands the names given once to the parts.
-func (c Config) resolve() (Config, error) {
+func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	if c.Schema == "" {
 		c.Schema = migrations.DefaultSchema
+	}
+	if b, ok := rdb.(dispatch.Bound); ok && c.Prefix == "" {
+		c.Prefix = b.Client.Config().Prefix
 	}
 	if c.Prefix == "" {
 		c.Prefix = dispatch.DefaultPrefix
@@ -173,7 +182,20 @@ func relayChannel(r *relay.Config) string {
 // version of delayq (the migrations are embedded). Safe to call from every
 // process at start: concurrent calls migrate once, the others wait.
 func (c *Client) Migrate(ctx context.Context) error {
-	db := migrations.OpenDBFromPool(c.pool)
+	var db *sql.DB
+	if p, ok := c.pool.(*pgxpool.Pool); ok {
+		db = migrations.OpenDBFromPool(p)
+	} else { // a wrapper: a database/sql handle on the same server and database
+		conn, err := c.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		connString := conn.Conn().Config().ConnString()
+		conn.Release()
+		if db, err = migrations.OpenDB(connString); err != nil {
+			return err
+		}
+	}
 	defer db.Close()
 	_, err := migrations.Up(ctx, db, migrations.Config{Schema: c.cfg.Schema})
 	return err
@@ -242,3 +264,32 @@ func (c *Client) Work(ctx context.Context, queue string) (WorkResult, error) {
 // Prioritize makes the queues of g, each registered before, share one pool of
 // handler slots, claimed by weight (see PriorityGroup). Call it before Run.
 func (c *Client) Prioritize(g PriorityGroup) error { return c.w.Prioritize(g) }
+
+// Handle registers a plain handler for queue's raw payloads (Task.Payload),
+// for payloads that are not values of one Go type; see Register for typed
+// ones. Register before Run.
+func (c *Client) Handle(queue string, h Handler, cfg QueueConfig) error {
+	return c.w.Handle(queue, h, cfg)
+}
+
+// HandleTx registers a transactional handler for queue's raw payloads; see
+// RegisterTx. Register before Run.
+func (c *Client) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
+	return c.w.HandleTx(queue, h, cfg)
+}
+
+// HandleSQLTx registers a database/sql transactional handler, on db, for
+// queue's raw payloads; see RegisterSQL. Register before Run.
+func (c *Client) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg QueueConfig) error {
+	return c.w.HandleSQLTx(queue, db, h, cfg)
+}
+
+// RunStats counts the runs of this client's handlers since it was created.
+func (c *Client) RunStats() RunStats { return c.w.Stats() }
+
+// Config returns the effective configuration (defaults applied).
+func (c *Client) Config() Config {
+	cfg := c.cfg
+	cfg.Worker = c.w.Config()
+	return cfg
+}

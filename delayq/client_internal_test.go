@@ -1,4 +1,4 @@
 package delayq
 
 // clientOf wraps a worker the tests built by hand, for the typed registrations.
-func clientOf(w *Worker) *Client { return &Client{w: w} }
+func clientOf(w *worker) *Client { return &Client{w: w} }

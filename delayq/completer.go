@@ -50,7 +50,7 @@ func batches[T any](in <-chan T, settle func([]T)) {
 // ones to the acknowledger, which ends them. A run refused (or a batch that
 // failed) is settled on a goroutine of its own, as the run itself would have: a
 // rare path, with round trips of its own.
-func (w *Worker) recordBatch(batch []*run) {
+func (w *worker) recordBatch(batch []*run) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
 	cs := make([]transition.Completion, len(batch))
@@ -86,7 +86,7 @@ func (w *Worker) recordBatch(batch []*run) {
 
 // settleAside settles a handed-off run with settle on a goroutine of its own,
 // within OpTimeout, and ends it. The stages wait for these before they stop.
-func (w *Worker) settleAside(r *run, settle func(ctx context.Context) outcome) {
+func (w *worker) settleAside(r *run, settle func(ctx context.Context) outcome) {
 	w.aside.Go(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.octx), w.cfg.OpTimeout)
 		defer cancel()
@@ -122,7 +122,7 @@ type ackItem struct {
 // Redis, one call per queue, and ends the runs
 // handed off or answers those waiting: nil, an ErrLeaseLost error, or the call's
 // error.
-func (w *Worker) ackBatch(batches [][]ackItem) {
+func (w *worker) ackBatch(batches [][]ackItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 	defer cancel()
 	batch := slices.Concat(batches...)
@@ -158,7 +158,7 @@ func (w *Worker) ackBatch(batches [][]ackItem) {
 }
 
 // acked answers a run waiting for its ack, or ends a run handed off.
-func (w *Worker) acked(a ackItem, err error) {
+func (w *worker) acked(a ackItem, err error) {
 	if a.done != nil {
 		a.done <- err
 		return

@@ -10,7 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// WorkerConfig configures a Worker. The zero value means every default.
+// WorkerConfig configures the worker of a Client (Config.Worker): its leases,
+// shutdown, middleware and observers. The zero value means every default.
 type WorkerConfig struct {
 	// Lease is how long a claim holds a task: while it runs, no other worker gets
 	// it. Heartbeats renew it; a worker that dies loses its tasks after the lease

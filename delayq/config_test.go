@@ -73,7 +73,7 @@ func TestSweepPauses(t *testing.T) {
 		}
 	}
 	cfg := WorkerConfig{ErrorPause: time.Second}.WithDefaults()
-	s := &sweeper{w: &Worker{cfg: cfg, log: cfg.Logger}}
+	s := &sweeper{w: &worker{cfg: cfg, log: cfg.Logger}}
 	for i, hi := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
 		if d := s.failed(errors.New("down")); d < hi/2 || d > hi {
 			t.Errorf("pause %d: %v, want %v..%v", i, d, hi/2, hi)
@@ -134,10 +134,10 @@ func TestSteeringErrorTypes(t *testing.T) {
 func TestRegistrationAndRunErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := NewWorker(nil, b.dq, b.ob, WorkerConfig{}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := newWorker(nil, b.dq, b.ob, WorkerConfig{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("nil pool: %v", err)
 	}
-	w, err := NewWorker(b.pool, b.dq, b.ob, WorkerConfig{})
+	w, err := newWorker(b.pool, b.dq, b.ob, WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

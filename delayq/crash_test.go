@@ -55,7 +55,7 @@ func TestHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewWorker(pool, dq, ob, WorkerConfig{Lease: helperLease})
+	w, err := newWorker(pool, dq, ob, WorkerConfig{Lease: helperLease})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestWorkerProcessKilledMidHandler(t *testing.T) {
 	}
 
 	b.reaper(t, "crash")
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			return insertEffect(ctx, tx, tk, "parent")
 		}, QueueConfig{})
@@ -197,7 +197,7 @@ func TestWorkerProcessKilledMidGroup(t *testing.T) {
 	}
 
 	b.reaper(t, "crash")
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			return insertEffect(ctx, tx, tk, "parent")
 		}, groupOf(len(ids)))

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -103,7 +104,7 @@ func TestMissedStartDeadline(t *testing.T) {
 
 	var handled, hooked atomic.Int64
 	for w := range 2 {
-		wk, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{})
+		wk, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

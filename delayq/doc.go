@@ -169,9 +169,10 @@
 //
 // # Observability
 //
-// Stats returns the counts of a Worker. Config.Observer receives every claim and
-// every run's start and end (an Observer, in the manner of pgx's tracers: package
-// delayqotel's traces one). With Config.Registerer set, the worker also registers
+// Client.RunStats returns the counts of its handlers. WorkerConfig.Observer
+// receives every claim and every run's start and end (an Observer, in the manner
+// of pgx's tracers: package delayqotel's traces one). With Config.Registerer
+// set, the worker also registers
 // its Prometheus observer's collectors, labelled by queue:
 //
 //	delayq_worker_tasks_total{queue,outcome} outcome: claimed, succeeded, failed, retried,

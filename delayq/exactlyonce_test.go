@@ -30,7 +30,7 @@ func TestTenThousandTasksFourWorkersExactlyOnce(t *testing.T) {
 	for i := range hs {
 		pool := testenv.Pool(t, withParam(t, b.url, "pool_max_conns", "9"))
 		name := fmt.Sprintf("w%d", i)
-		hs[i] = b.startOn(t, pool, WorkerConfig{}, func(w *Worker) {
+		hs[i] = b.startOn(t, pool, WorkerConfig{}, func(w *worker) {
 			w.hooks.finished = func(*Task, outcome) {
 				if finished.Add(1) == n {
 					close(all)
@@ -54,7 +54,7 @@ func TestTenThousandTasksFourWorkersExactlyOnce(t *testing.T) {
 		t.Fatalf("only %d of %d runs finished", finished.Load(), n)
 	}
 	elapsed := time.Since(started)
-	var sum Stats
+	var sum RunStats
 	for i, h := range hs {
 		h.stop()
 		s := h.w.Stats()
@@ -97,7 +97,7 @@ func TestSlowHandlerLosesLeaseSecondWorkerTakesOver(t *testing.T) {
 	entered := make(chan struct{})
 	bDone := make(chan struct{})
 	var runs atomic.Int64
-	a := b.start(t, cfg, func(w *Worker) {
+	a := b.start(t, cfg, func(w *worker) {
 		_ = w.HandleTx("slow", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			runs.Add(1)
 			if err := insertEffect(ctx, tx, tk, "a"); err != nil {
@@ -113,7 +113,7 @@ func TestSlowHandlerLosesLeaseSecondWorkerTakesOver(t *testing.T) {
 	b.reaper(t, "slow")
 	// The second worker heartbeats, so that its run keeps the task however slow
 	// the machine is.
-	second := b.start(t, WorkerConfig{Lease: cfg.Lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
+	second := b.start(t, WorkerConfig{Lease: cfg.Lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *worker) {
 		_ = w.HandleTx("slow", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			runs.Add(1)
 			if tk.Attempt != 2 {
@@ -159,7 +159,7 @@ func TestAckFailsAfterCommitRedeliverySuppressed(t *testing.T) {
 	var runs, acks atomic.Int64
 	// Heartbeats keep the second run's lease under load; the first run's ends
 	// with its failed ack.
-	h := b.start(t, WorkerConfig{Lease: time.Second, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Lease: time.Second, HeartbeatInterval: 50 * time.Millisecond}, func(w *worker) {
 		w.hooks.beforeAck = func(*Task) error {
 			if acks.Add(1) == 1 {
 				return fmt.Errorf("injected: connection reset")
@@ -226,7 +226,7 @@ func TestRelayRollsBackAfterWorkerClaimed(t *testing.T) {
 	}
 
 	var runs atomic.Int64
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("rb", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			runs.Add(1)
 			return insertEffect(ctx, tx, tk, "")
@@ -278,7 +278,7 @@ func TestCancelledTaskSuppressed(t *testing.T) {
 		if err := b.ob.Cancel(context.Background(), b.pool, "c", "x"); err != nil {
 			t.Fatal(err)
 		}
-		h := b.start(t, WorkerConfig{}, func(w *Worker) {
+		h := b.start(t, WorkerConfig{}, func(w *worker) {
 			_ = w.HandleTx("c", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 				return maybeInsertEffect(ctx, tx, tk, "", writes)
 			}, QueueConfig{})
@@ -326,7 +326,7 @@ func TestRescheduledWhileRunningStaleCopyAcknowledged(t *testing.T) {
 		ctx := ctxT(t, time.Minute)
 		b.enqueue(t, task("rs", "x"))
 		entered, proceed := make(chan struct{}), make(chan struct{})
-		h := b.start(t, WorkerConfig{}, func(w *Worker) {
+		h := b.start(t, WorkerConfig{}, func(w *worker) {
 			_ = w.HandleTx("rs", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 				if tk.Version == 1 {
 					close(entered)

@@ -30,7 +30,7 @@ func TestRetriesFollowBackoffThenDead(t *testing.T) {
 		redisAfter       time.Time
 	}
 	retries := make(chan retry, 10)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		// Runs inside the run, before its slot frees: nothing can claim meanwhile.
 		w.hooks.finished = func(tk *Task, o outcome) {
 			if o != outRetried {
@@ -119,7 +119,7 @@ func TestSteeringErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var score atomic.Value
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		w.hooks.finished = func(tk *Task, o outcome) {
 			if o == outRetried {
 				score.Store(b.info(t, tk.Queue, tk.ID).Score)
@@ -172,7 +172,7 @@ func TestSteeringErrors(t *testing.T) {
 func TestPanicIsAFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("p", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err
@@ -215,7 +215,7 @@ func TestShutdownWithHandlersInFlight(t *testing.T) {
 	finishNow := make(chan struct{})
 	// Each transactional handler holds a connection: one per slot.
 	pool := testenv.Pool(t, withParam(t, b.url, "pool_max_conns", "12"))
-	first := b.startOn(t, pool, WorkerConfig{ShutdownTimeout: 300 * time.Millisecond}, func(w *Worker) {
+	first := b.startOn(t, pool, WorkerConfig{ShutdownTimeout: 300 * time.Millisecond}, func(w *worker) {
 		_ = w.HandleTx("s", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			k := started.Add(1)
 			if err := insertEffect(ctx, tx, tk, "first"); err != nil {
@@ -266,7 +266,7 @@ func TestShutdownWithHandlersInFlight(t *testing.T) {
 		t.Errorf("Redis after shutdown: %+v", st)
 	}
 
-	second := b.startOn(t, pool, WorkerConfig{}, func(w *Worker) {
+	second := b.startOn(t, pool, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("s", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if tk.Attempt != 1 {
 				t.Errorf("%s: attempt %d, want 1", tk.ID, tk.Attempt)
@@ -308,7 +308,7 @@ func TestHeartbeatsKeepLeaseAndLostLeaseCancels(t *testing.T) {
 	lease := 300 * time.Millisecond
 	var runs atomic.Int64
 	started := make(chan string, 2)
-	h := b.start(t, WorkerConfig{Lease: lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Lease: lease, HeartbeatInterval: 50 * time.Millisecond}, func(w *worker) {
 		_ = w.Handle("hb", func(ctx context.Context, tk *Task) error {
 			runs.Add(1)
 			started <- tk.ID
@@ -365,7 +365,7 @@ func TestFailedCommitRecordsNothing(t *testing.T) {
 		CONSTRAINT once_id UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
 		t.Fatal(err)
 	}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("c", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err
@@ -441,7 +441,7 @@ func TestHeartbeatsRenewAllLeasesInOneCall(t *testing.T) {
 	lease, every := 300*time.Millisecond, 50*time.Millisecond
 	started := make(chan string, 4)
 	release := make(chan struct{})
-	h := b.start(t, WorkerConfig{Lease: lease, HeartbeatInterval: every}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Lease: lease, HeartbeatInterval: every}, func(w *worker) {
 		_ = w.Handle("hb4", func(ctx context.Context, tk *Task) error {
 			started <- tk.ID
 			select {

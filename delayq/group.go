@@ -68,7 +68,7 @@ var errHandlerAborted = errors.New("worker: a statement of the handler failed (t
 
 // groups runs the transactional runs of one queue with group commit.
 type groups struct {
-	w    *Worker
+	w    *worker
 	q    *queue
 	hard context.Context // cancelled after the shutdown timeout
 	in   chan *run       // buffered to Concurrency: the claim loop never waits
@@ -76,7 +76,7 @@ type groups struct {
 	wg   sync.WaitGroup
 }
 
-func newGroups(w *Worker, q *queue, hard context.Context) *groups {
+func newGroups(w *worker, q *queue, hard context.Context) *groups {
 	g := &groups{w: w, q: q, hard: hard, in: make(chan *run, q.cfg.Concurrency)}
 	gc := q.cfg.GroupCommit
 	for range (q.cfg.Concurrency + gc.MaxTasks - 1) / gc.MaxTasks {

@@ -38,7 +38,7 @@ func TestGroupCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const n, maxTasks = 500, 16
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		if err := w.HandleTx("g", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			return insertTxEffect(ctx, tx, tk)
 		}, QueueConfig{Concurrency: 48, GroupCommit: GroupCommit{MaxTasks: maxTasks, MaxWait: 100 * time.Millisecond}}); err != nil {
@@ -99,7 +99,7 @@ func TestGroupCommitFailuresInTheMiddle(t *testing.T) {
 	if err := b.ob.Cancel(ctx, b.pool, "m", "cancelled"); err != nil {
 		t.Fatal(err)
 	}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("m", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertTxEffect(ctx, tx, tk); err != nil {
 				return err
@@ -168,7 +168,7 @@ func TestGroupCommitLeaseLostInTheMiddle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := b.start(t, WorkerConfig{Lease: 2 * time.Second, HeartbeatInterval: 20 * time.Millisecond}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Lease: 2 * time.Second, HeartbeatInterval: 20 * time.Millisecond}, func(w *worker) {
 		_ = w.HandleTx("l", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertTxEffect(ctx, tx, tk); err != nil {
 				return err
@@ -229,7 +229,7 @@ func TestGroupCommitFailedCommit(t *testing.T) {
 	}
 	b.enqueue(t, tasks...)
 	var failed atomic.Bool
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("f", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertTxEffect(ctx, tx, tk); err != nil {
 				return err
@@ -269,7 +269,7 @@ func TestGroupCommitShutdown(t *testing.T) {
 	b := setup(t)
 	b.enqueue(t, task("s", "a"), task("s", "b"), task("s", "c"))
 	entered := make(chan string, 3)
-	h := b.start(t, WorkerConfig{ShutdownTimeout: -1}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{ShutdownTimeout: -1}, func(w *worker) {
 		_ = w.HandleTx("s", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertTxEffect(ctx, tx, tk); err != nil {
 				return err
@@ -349,7 +349,7 @@ func testGroupCommitRoundTrips(t *testing.T, execMode string) {
 		for i := range n {
 			tasks = append(tasks, task(q, fmt.Sprint(i)))
 		}
-		h := b.startOn(t, pool, WorkerConfig{}, func(w *Worker) {
+		h := b.startOn(t, pool, WorkerConfig{}, func(w *worker) {
 			if err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 				var i int
 				if _, err := fmt.Sscan(tk.ID, &i); err != nil {
@@ -403,7 +403,7 @@ func TestGroupCommitRefusedNoOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	log.take()
-	h := b.startOn(t, pool, WorkerConfig{}, func(w *Worker) {
+	h := b.startOn(t, pool, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("n", func(context.Context, pgx.Tx, *Task) error { return nil }, groupOf(len(ids)))
 	})
 	got := map[string]outcome{}
@@ -449,7 +449,7 @@ func TestGroupCommitRefusedWriting(t *testing.T) {
 	b.enqueue(t, tasks...)
 	var mu sync.Mutex
 	calls := map[string]int{}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("w", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			mu.Lock()
 			calls[tk.ID]++

@@ -22,7 +22,7 @@ import (
 // until the lease would have run out, then the runs of that call are cancelled
 // the same way.
 type heartbeats struct {
-	w     *Worker
+	w     *worker
 	every time.Duration
 
 	mu   sync.Mutex
@@ -35,7 +35,7 @@ type beat struct {
 	deadline time.Time // the lease runs out then, as far as the worker knows
 }
 
-func newHeartbeats(w *Worker) *heartbeats {
+func newHeartbeats(w *worker) *heartbeats {
 	return &heartbeats{w: w, every: w.cfg.HeartbeatInterval, runs: make(map[*run]*beat)}
 }
 

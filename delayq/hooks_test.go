@@ -27,7 +27,7 @@ import (
 func TestSnooze(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err
@@ -84,7 +84,7 @@ func TestSnooze(t *testing.T) {
 func TestCancelFromHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err
@@ -137,7 +137,7 @@ func TestRetryPolicyAndErrorHandler(t *testing.T) {
 		if tk.ID == "panicky" {
 			panic("error handler panics")
 		}
-	}}, func(w *Worker) {
+	}}, func(w *worker) {
 		_ = w.Handle("q", func(_ context.Context, tk *Task) error {
 			switch tk.ID {
 			case "after":
@@ -204,7 +204,7 @@ func TestOnDead(t *testing.T) {
 	}
 	var mu sync.Mutex
 	hookRuns := map[string][]int{}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("pay", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err
@@ -296,7 +296,7 @@ func TestDeadHookHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := NewWorker(pool, dq, ob, WorkerConfig{Lease: helperLease})
+	w, err := newWorker(pool, dq, ob, WorkerConfig{Lease: helperLease})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestWorkerKilledInDeadHook(t *testing.T) {
 	}
 
 	b.reaper(t, "crash")
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			return NoRetry(errors.New("card declined"))
 		}, QueueConfig{OnDead: func(ctx context.Context, tx pgx.Tx, tk *Task, _ error) error {
@@ -395,7 +395,7 @@ func TestOnDeadExactlyOnce(t *testing.T) {
 	const n = 300
 	var mu sync.Mutex
 	calls := map[string]int{}
-	register := func(w *Worker) {
+	register := func(w *worker) {
 		_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if err := insertEffect(ctx, tx, tk, ""); err != nil {
 				return err

@@ -166,7 +166,7 @@ type finish struct {
 
 // harness is a running Worker with its finished runs on a channel.
 type harness struct {
-	w      *Worker
+	w      *worker
 	done   chan finish
 	stop   func() // cancels Run and waits for it
 	logs   *syncBuffer
@@ -176,18 +176,18 @@ type harness struct {
 
 // start makes a Worker on b with cfg, lets register add handlers, and runs it until
 // the test ends (or stop).
-func (b *bundle) start(t *testing.T, cfg WorkerConfig, register func(w *Worker)) *harness {
+func (b *bundle) start(t *testing.T, cfg WorkerConfig, register func(w *worker)) *harness {
 	t.Helper()
 	return b.startOn(t, b.pool, cfg, register)
 }
 
-func (b *bundle) startOn(t *testing.T, pool *pgxpool.Pool, cfg WorkerConfig, register func(w *Worker)) *harness {
+func (b *bundle) startOn(t *testing.T, pool *pgxpool.Pool, cfg WorkerConfig, register func(w *worker)) *harness {
 	t.Helper()
 	h := &harness{done: make(chan finish, 20000), logs: &syncBuffer{}, ran: make(chan struct{})}
 	if cfg.Logger == nil {
 		cfg.Logger = newLogger(h.logs)
 	}
-	w, err := NewWorker(pool, b.dq, b.ob, cfg)
+	w, err := newWorker(pool, b.dq, b.ob, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/delayq/delayq/internal/promreg"
 )
 
-// Stats are the counts of one Worker since New, summed over its queues.
-type Stats struct {
+// RunStats are the counts of one Client's handlers since New, summed over its queues.
+type RunStats struct {
 	// Claimed tasks: every run started.
 	Claimed int64
 	// Succeeded runs: the handler returned nil and the task was marked done.
@@ -57,8 +57,8 @@ type counters struct {
 	sweptHooks, sweptHookFailed                                                          atomic.Int64
 }
 
-func (c *counters) snapshot() Stats {
-	return Stats{
+func (c *counters) snapshot() RunStats {
+	return RunStats{
 		Claimed: c.claimed.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Retried: c.retried.Load(), Dead: c.dead.Load(), Suppressed: c.suppressed.Load(),
 		LeaseLost: c.leaseLost.Load(), Released: c.released.Load(), InFlight: c.inFlight.Load(),

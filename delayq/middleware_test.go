@@ -56,7 +56,7 @@ func TestMiddleware(t *testing.T) {
 		}
 		return NoRetry(errors.New("vetoed by middleware"))
 	}
-	h := b.start(t, WorkerConfig{Middleware: []Middleware{rec.mw("W")}}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Middleware: []Middleware{rec.mw("W")}}, func(w *worker) {
 		_ = w.HandleTx("tx", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			rec.add("tx:" + ctx.Value(ctxKey{}).(string))
 			return insertEffect(ctx, tx, tk, "")
@@ -92,7 +92,7 @@ func TestMiddlewarePanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	boom := func(ctx context.Context, t *Task, next Next) error { panic("middleware boom") }
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.Handle("q", func(context.Context, *Task) error { return nil },
 			QueueConfig{Middleware: []Middleware{boom}, Backoff: Backoff{Base: time.Hour}})
 	})
@@ -109,7 +109,7 @@ func TestTimeoutMiddleware(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	causes := make(chan error, 1)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			// The effect is written whatever the 20ms left by then (under load the
 			// insert alone can outlast them), so the run always ends at the
@@ -139,7 +139,7 @@ func TestLoggingMiddleware(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	logs := &syncBuffer{}
-	h := b.start(t, WorkerConfig{Middleware: []Middleware{Logging(newLogger(logs))}}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Middleware: []Middleware{Logging(newLogger(logs))}}, func(w *worker) {
 		_ = w.Handle("q", func(_ context.Context, tk *Task) error {
 			if tk.ID == "bad" {
 				return NoRetry(errors.New("bad task"))
@@ -180,7 +180,7 @@ func TestTypedHandlers(t *testing.T) {
 	orders := outbox.Queue[order]{Name: "orders"}
 	notes := outbox.Queue[[]string]{Name: "notes"}
 	got := make(chan string, 10)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		if err := RegisterTx(clientOf(w), orders, func(ctx context.Context, tx pgx.Tx, tk *Task, o order) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (task_id, attempt, worker) VALUES ($1, $2, $3)`, o.ID, o.Amount, "typed")
 			return err

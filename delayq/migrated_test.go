@@ -18,7 +18,7 @@ func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // its Redis and outbox Client; the pool below is an empty database
 	pool := testenv.Pool(t, testenv.EmptyPostgresURL(t))
-	w, err := NewWorker(pool, b.dq, b.ob, WorkerConfig{})
+	w, err := newWorker(pool, b.dq, b.ob, WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Observer receives the events of a Worker's claims and runs, in the manner of
+// Observer receives the events of a Client's claims and runs, in the manner of
 // pgx's tracers: the Prometheus metrics (Config.Registerer) are one Observer, an
 // OpenTelemetry tracer (package delayqotel) is another, and Observers combines
 // several. An Observer is called from the worker's goroutines, concurrently: it must

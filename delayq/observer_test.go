@@ -52,7 +52,7 @@ func TestObserver(t *testing.T) {
 	rec := &obsRecorder{ends: map[string]RunEndEvent{}}
 	reg := prometheus.NewRegistry()
 	boom := errors.New("boom")
-	h := b.start(t, WorkerConfig{Observer: rec, Registerer: reg}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Observer: rec, Registerer: reg}, func(w *worker) {
 		_ = w.HandleTx("obs", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if ctx.Value(obsCtxKey{}) != "run "+tk.ID {
 				return NoRetry(errors.New("handler without RunStart's context"))

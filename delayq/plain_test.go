@@ -22,7 +22,7 @@ func TestPlainHandlerCompletionAndClearPayload(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	keys := make(chan string, 2)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		plain := func(ctx context.Context, tk *Task) error {
 			if string(tk.Payload) != "p-"+tk.ID {
 				t.Errorf("payload %q", tk.Payload)
@@ -60,7 +60,7 @@ func TestPlainHandlerCompletionAndClearPayload(t *testing.T) {
 func TestClaimsWhenDue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.Handle("due", func(context.Context, *Task) error { return nil }, QueueConfig{})
 	})
 	ctx := context.Background()
@@ -87,10 +87,10 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	reg := prometheus.NewRegistry()
-	if _, err := NewWorker(b.pool, b.dq, b.ob, WorkerConfig{Registerer: reg}); err != nil {
+	if _, err := newWorker(b.pool, b.dq, b.ob, WorkerConfig{Registerer: reg}); err != nil {
 		t.Fatalf("first worker on the registry: %v", err)
 	}
-	h := b.start(t, WorkerConfig{Registerer: reg}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Registerer: reg}, func(w *worker) {
 		_ = w.HandleTx("m", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if tk.ID == "bad" {
 				return NoRetry(errors.New("no"))
@@ -133,7 +133,7 @@ func TestRedisOnlyTask(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	reg := prometheus.NewRegistry()
-	h := b.start(t, WorkerConfig{Registerer: reg}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Registerer: reg}, func(w *worker) {
 		_ = w.Handle("plain", func(context.Context, *Task) error { return nil }, QueueConfig{})
 		_ = w.HandleTx("tx", func(context.Context, pgx.Tx, *Task) error { return nil }, QueueConfig{})
 	})
@@ -170,7 +170,7 @@ func TestRedisOnlyTask(t *testing.T) {
 func TestFailureRecordsNextRunTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.Handle("f", func(context.Context, *Task) error {
 			return RetryAfter(30*time.Minute, errors.New("provider down"))
 		}, QueueConfig{})

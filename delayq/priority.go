@@ -14,7 +14,7 @@ import (
 // maxWeight is the largest weight of a queue in a PriorityGroup.
 const maxWeight = 1000
 
-// PriorityGroup makes several queues of a Worker share one pool of slots and
+// PriorityGroup makes several queues of a Client share one pool of slots and
 // orders their claims by weight, as asynq's Queues and StrictPriority do. Whenever
 // slots of the group come free, they go to the group's queues that have tasks due:
 //
@@ -87,7 +87,7 @@ func sortedNames(m map[string]int) []string {
 // Call it after registering their handlers and before Run. A queue named in no
 // handler is ErrInvalidQueue; a bad group, or a queue already in a group, is
 // ErrInvalidConfig.
-func (w *Worker) Prioritize(g PriorityGroup) error {
+func (w *worker) Prioritize(g PriorityGroup) error {
 	g = g.WithDefaults()
 	if err := g.validate(); err != nil {
 		return err
@@ -170,7 +170,7 @@ func (s *slots) put(m *prioQueue, n int) {
 
 // groupLoop claims the tasks of g's queues while ctx lasts, in the group's order,
 // and starts a run for each: the claim loop of a priority group.
-func (w *Worker) groupLoop(ctx, hard context.Context, waiter *dispatch.Waiter, g *prioGroup, runs *runners) {
+func (w *worker) groupLoop(ctx, hard context.Context, waiter *dispatch.Waiter, g *prioGroup, runs *runners) {
 	s := &slots{free: g.cfg.Concurrency, freed: make(chan struct{}, 1)}
 	plan := make([]int, len(g.members))
 	room := make([]int, len(g.members))
@@ -258,7 +258,7 @@ func (g *prioGroup) plan(plan, room []int, free int) int {
 }
 
 // groupClaim claims up to n tasks of m's queue on n slots of s and starts their runs.
-func (w *Worker) groupClaim(ctx, hard context.Context, waiter *dispatch.Waiter, m *prioQueue, n int, s *slots, runs *runners) {
+func (w *worker) groupClaim(ctx, hard context.Context, waiter *dispatch.Waiter, m *prioQueue, n int, s *slots, runs *runners) {
 	q := m.q
 	s.take(m, n)
 	mark, err := waiter.Mark(ctx, q.name)
@@ -307,7 +307,7 @@ func (m *prioQueue) sleep(d time.Duration, mark dispatch.Mark, marked bool) {
 
 // groupWait sleeps until a slot comes free, an idle queue's time is over or its
 // wake-up arrives, or ctx ends.
-func (w *Worker) groupWait(ctx context.Context, waiter *dispatch.Waiter, g *prioGroup, s *slots) {
+func (w *worker) groupWait(ctx context.Context, waiter *dispatch.Waiter, g *prioGroup, s *slots) {
 	cases := []reflect.SelectCase{
 		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.freed)},

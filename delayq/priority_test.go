@@ -18,7 +18,7 @@ import (
 func TestPriorityGroupValidation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	w, err := NewWorker(b.pool, b.dq, b.ob, WorkerConfig{})
+	w, err := newWorker(b.pool, b.dq, b.ob, WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func runGroup(t *testing.T, g PriorityGroup, counts map[string]int) []string {
 	}
 	b.enqueue(t, tasks...) // all due before the worker starts: a backlog in each
 	log := &startLog{}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		for q := range counts {
 			if err := w.HandleTx(q, log.handler(t), QueueConfig{}); err != nil {
 				t.Fatal(err)
@@ -200,7 +200,7 @@ func TestPriorityGroupWakesAndCaps(t *testing.T) {
 	running := map[string]int{}
 	peak := map[string]int{}
 	claims := &claimCounter{}
-	h := b.start(t, WorkerConfig{Observer: claims}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Observer: claims}, func(w *worker) {
 		for _, q := range []string{"a", "b"} {
 			if err := w.HandleTx(q, func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 				mu.Lock()

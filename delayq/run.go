@@ -23,7 +23,7 @@ type run struct {
 	// when its handler returns, before the bookkeeping, so a slow commit does not
 	// keep the next due task from starting.
 	slot func()
-	w    *Worker
+	w    *worker
 	q    *queue
 	ct   dispatch.ClaimedTask
 	t    *Task
@@ -46,7 +46,7 @@ type run struct {
 // run executes a claimed task, does its bookkeeping and waits until the run has
 // ended. hard is cancelled when the shutdown timeout has passed. It returns the
 // task, how the run ended, and its failure (nil unless it failed).
-func (w *Worker) run(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
+func (w *worker) run(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) (*Task, outcome, error) {
 	r := w.startRun(hard, q, ct, claimedAt, slot)
 	r.ended = make(chan struct{})
 	r.runOn()
@@ -56,7 +56,7 @@ func (w *Worker) run(hard context.Context, q *queue, ct dispatch.ClaimedTask, cl
 
 // start executes a claimed task and does its bookkeeping, or hands the run to the
 // completion stages (completer.go), which end it.
-func (w *Worker) start(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) {
+func (w *worker) start(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) {
 	w.startRun(hard, q, ct, claimedAt, slot).runOn()
 }
 
@@ -77,7 +77,7 @@ func (r *run) runOn() {
 
 // startRun counts a claimed task as in flight and starts its heartbeats; finish
 // ends it.
-func (w *Worker) startRun(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) *run {
+func (w *worker) startRun(hard context.Context, q *queue, ct dispatch.ClaimedTask, claimedAt time.Time, slot func()) *run {
 	maxAttempts := ct.MaxAttempts
 	if q.cfg.MaxAttempts > 0 && q.cfg.MaxAttempts < maxAttempts {
 		maxAttempts = q.cfg.MaxAttempts

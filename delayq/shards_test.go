@@ -27,7 +27,7 @@ func TestWorkerLearnsShardCountOnClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.dq = wdq
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		_ = w.Handle(queue, func(context.Context, *Task) error { return nil }, QueueConfig{})
 	})
 

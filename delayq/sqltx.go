@@ -14,7 +14,7 @@ import (
 	"github.com/delayq/delayq/outbox"
 )
 
-// DB is what a Worker needs of Postgres: statements for its bookkeeping,
+// DB is what a Client needs of Postgres: statements for its bookkeeping,
 // transactions for dead hooks, and connections it holds for transactional
 // handlers. *pgxpool.Pool satisfies it, and so does a wrapper of one
 // (instrumented, say).
@@ -40,7 +40,7 @@ type SQLTxHandler func(ctx context.Context, tx *sql.Tx, t *Task) error
 // transactions are begun on db, which must reach the outbox's database (with the
 // pgx driver, github.com/jackc/pgx/v5/stdlib, or any Postgres driver). See
 // HandleTx.
-func (w *Worker) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg QueueConfig) error {
+func (w *worker) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg QueueConfig) error {
 	if h == nil || db == nil {
 		return fmt.Errorf("%w: nil handler or database for queue %q", ErrInvalidConfig, queue)
 	}

@@ -32,7 +32,7 @@ func TestSQLTxHandler(t *testing.T) {
 	b := setup(t)
 	db := b.sqlDB(t)
 	orders := outbox.Queue[order]{Name: "typed"}
-	h := b.start(t, WorkerConfig{}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{}, func(w *worker) {
 		if err := w.HandleSQLTx("q", db, func(ctx context.Context, tx *sql.Tx, tk *Task) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (task_id, attempt) VALUES ($1, $2)`, tk.ID, tk.Attempt); err != nil {
 				return err
@@ -126,7 +126,7 @@ func TestSQLTxHandlerLeaseExpired(t *testing.T) {
 	db := b.sqlDB(t)
 	secondDone := make(chan struct{})
 	b.reaper(t, "q")
-	h := b.start(t, WorkerConfig{Lease: 200 * time.Millisecond, HeartbeatInterval: -1}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{Lease: 200 * time.Millisecond, HeartbeatInterval: -1}, func(w *worker) {
 		_ = w.HandleSQLTx("q", db, func(ctx context.Context, tx *sql.Tx, tk *Task) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (task_id, attempt) VALUES ($1, $2)`, tk.ID, tk.Attempt); err != nil {
 				return err

@@ -39,7 +39,7 @@ func (e *deferredDeathError) Is(target error) bool { return target == ErrDeathWi
 // its commit (taskstate.Config.HookChannel), when a failed hook's retry falls
 // due, and every Config.DeadHookSweep as a backstop.
 type sweeper struct {
-	w      *Worker
+	w      *worker
 	queues map[string]*queue
 	names  []string
 	wake   chan struct{} // a flag: several wake-ups make one sweep
@@ -48,7 +48,7 @@ type sweeper struct {
 
 // newSweeper returns the sweeper of the queues with an OnDead hook, or nil when
 // none has one.
-func newSweeper(w *Worker, queues []*queue) *sweeper {
+func newSweeper(w *worker, queues []*queue) *sweeper {
 	s := &sweeper{w: w, queues: map[string]*queue{}, wake: make(chan struct{}, 1)}
 	for _, q := range queues {
 		if q.cfg.OnDead != nil {
@@ -72,7 +72,7 @@ func (s *sweeper) poke() {
 
 // wakeSweep wakes the worker's sweep, if it has one: this worker recorded a
 // death with the hook-pending mark.
-func (w *Worker) wakeSweep() {
+func (w *worker) wakeSweep() {
 	if s := w.sweep.Load(); s != nil {
 		s.poke()
 	}

@@ -138,7 +138,7 @@ func TestOnDeadAfterWorkerKilledOnLastAttempt(t *testing.T) {
 	}
 
 	rec := &hookRecorder{t: t, failFirst: map[string]bool{"x1": true, "x4": true, "bad id": true}, calls: map[string][]int{}}
-	register := func(w *Worker) {
+	register := func(w *worker) {
 		_ = w.HandleTx("crash", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			return insertEffect(ctx, tx, tk, "parent")
 		}, QueueConfig{Backoff: Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond}, OnDead: rec.hook})
@@ -220,7 +220,7 @@ func TestOnDeadOfRetriedDeathRunsOnce(t *testing.T) {
 	})
 
 	rec := &hookRecorder{t: t, calls: map[string][]int{}}
-	h := b.start(t, WorkerConfig{DeadHookSweep: -1}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{DeadHookSweep: -1}, func(w *worker) {
 		_ = w.HandleTx("inv", func(context.Context, pgx.Tx, *Task) error { return nil }, QueueConfig{OnDead: rec.hook})
 	})
 	waitFor(t, "the hook's write", func() bool { return b.count(t, `SELECT count(*) FROM hooked`) == 1 })
@@ -281,7 +281,7 @@ func TestOnDeadSweepKilledInHook(t *testing.T) {
 		t.Fatal("the killed hook's write committed")
 	}
 
-	h := b.start(t, WorkerConfig{DeadHookSweep: -1}, func(w *Worker) {
+	h := b.start(t, WorkerConfig{DeadHookSweep: -1}, func(w *worker) {
 		_ = w.HandleTx("crash", func(context.Context, pgx.Tx, *Task) error { return nil },
 			QueueConfig{OnDead: func(ctx context.Context, tx pgx.Tx, tk *Task, _ error) error {
 				_, err := tx.Exec(ctx, `UPDATE orders SET status = status || ',failed-parent' WHERE id = $1`, tk.ID)

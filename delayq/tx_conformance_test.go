@@ -894,7 +894,7 @@ func testHandlerTxConformance(t *testing.T, execMode string, group bool) {
 	if group {
 		qc.GroupCommit = GroupCommit{MaxTasks: 1}
 	}
-	h := b.startOn(t, confPool(t, url), WorkerConfig{}, func(w *Worker) {
+	h := b.startOn(t, confPool(t, url), WorkerConfig{}, func(w *worker) {
 		err := w.HandleTx("conf", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 			if tk.Attempt > 1 {
 				return NoRetry(errors.New("ran once"))

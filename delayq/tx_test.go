@@ -262,7 +262,7 @@ func testHandlerTx(t *testing.T, execMode string) {
 		},
 		trips: []string{"BEGIN", "SELECT", "INSERT", "WITH COMMIT"}, effects: 1,
 	}}
-	h := b.startOn(t, pool, WorkerConfig{}, func(w *Worker) {
+	h := b.startOn(t, pool, WorkerConfig{}, func(w *worker) {
 		for _, c := range cases {
 			if err := w.HandleTx(queueName(c.name), c.handle, QueueConfig{}); err != nil {
 				t.Fatal(err)
@@ -308,7 +308,7 @@ func TestHandlerTxEndRefused(t *testing.T) {
 		t.Run(end, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			h := b.start(t, WorkerConfig{}, func(w *Worker) {
+			h := b.start(t, WorkerConfig{}, func(w *worker) {
 				_ = w.HandleTx("q", func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 					if err := insertEffect(ctx, tx, tk, end); err != nil {
 						return err

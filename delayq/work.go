@@ -20,7 +20,7 @@ type WorkResult struct {
 // would: middleware, handler, completion guard and commit, hooks, the Redis ack or
 // retry. It is for tests (package delayqtest) and tools; it cannot be called while
 // Run runs (ErrRunning). A queue without a registered handler is ErrInvalidQueue.
-func (w *Worker) Work(ctx context.Context, queue string) (WorkResult, error) {
+func (w *worker) Work(ctx context.Context, queue string) (WorkResult, error) {
 	w.mu.Lock()
 	q, ok := w.queues[queue]
 	switch {

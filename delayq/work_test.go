@@ -12,7 +12,7 @@ func TestWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	w, err := NewWorker(b.pool, b.dq, b.ob, WorkerConfig{})
+	w, err := newWorker(b.pool, b.dq, b.ob, WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

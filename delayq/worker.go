@@ -66,9 +66,9 @@ type TxHandler func(ctx context.Context, tx pgx.Tx, t *Task) error
 // The completion is still recorded in the outbox after it returns nil.
 type Handler func(ctx context.Context, t *Task) error
 
-// Worker claims tasks of the queues it has handlers for and runs them. Create it
+// worker claims tasks of the queues it has handlers for and runs them. Create it
 // with New, register handlers with Handle and HandleTx, then call Run.
-type Worker struct {
+type worker struct {
 	pool DB
 	dq   *dispatch.Client
 	ob   *outbox.Client
@@ -142,10 +142,10 @@ type queue struct {
 	prio *prioGroup
 }
 
-// NewWorker returns a Worker that runs tasks from Redis (dq), records their completion
+// newWorker returns a Worker that runs tasks from Redis (dq), records their completion
 // in the outbox (ob) on pool (a *pgxpool.Pool, or anything that is a DB), and
 // configures itself from cfg (completed with WithDefaults and validated).
-func NewWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig) (*Worker, error) {
+func newWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig) (*worker, error) {
 	if pool == nil || dq == nil || ob == nil {
 		return nil, fmt.Errorf("%w: nil pool, delayq client or outbox client", ErrInvalidConfig)
 	}
@@ -172,7 +172,7 @@ func NewWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig
 		Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel,
 		NotifyWithin: ob.Config().NotifyWithin, ClearPayloadOnDone: ob.Config().ClearPayloadOnDone,
 	})
-	return &Worker{
+	return &worker{
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
 		store: store, ops: transition.New(store, dq),
 		obs:    obs,
@@ -182,18 +182,18 @@ func NewWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig
 }
 
 // handlers counts the registered queues.
-func (w *Worker) handlers() int {
+func (w *worker) handlers() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.queues)
 }
 
 // Config returns the effective configuration (defaults applied).
-func (w *Worker) Config() WorkerConfig { return w.cfg }
+func (w *worker) Config() WorkerConfig { return w.cfg }
 
 // HandleTx registers a transactional handler for queue, with its configuration
 // (zero value: defaults). Register before Run.
-func (w *Worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
+func (w *worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
@@ -202,7 +202,7 @@ func (w *Worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
 
 // Handle registers a plain (at-least-once) handler for queue, with its
 // configuration (zero value: defaults). Register before Run.
-func (w *Worker) Handle(queue string, h Handler, cfg QueueConfig) error {
+func (w *worker) Handle(queue string, h Handler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
@@ -217,7 +217,7 @@ type handlers struct {
 	sqlDB *sql.DB // sql's
 }
 
-func (w *Worker) register(name string, cfg QueueConfig, h handlers) error {
+func (w *worker) register(name string, cfg QueueConfig, h handlers) error {
 	if err := validate.Queue(name); err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func (w *Worker) register(name string, cfg QueueConfig, h handlers) error {
 }
 
 // Stats returns the worker's counts since New.
-func (w *Worker) Stats() Stats { return w.stats.snapshot() }
+func (w *worker) Stats() RunStats { return w.stats.snapshot() }
 
 // Run claims and runs tasks of the registered queues until ctx is cancelled, then
 // shuts down gracefully: it stops claiming, lets the handlers in flight finish
@@ -261,7 +261,7 @@ func (w *Worker) Stats() Stats { return w.stats.snapshot() }
 //
 // A schema whose outbox table does not exist (the migrations have not run)
 // ends Run at once with outbox.ErrNotMigrated.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *worker) Run(ctx context.Context) error {
 	// Every completion would fail on a table that is not there. (A server that
 	// cannot be reached yet is the claim loop's to wait for.)
 	if err := w.ob.CheckMigrated(ctx, w.pool); errors.Is(err, outbox.ErrNotMigrated) {
@@ -358,7 +358,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // startStages starts the batch recorder and acknowledger (completer.go) and the
 // heartbeats (heartbeat.go), and returns the function that stops them, once no
 // run is left.
-func (w *Worker) startStages() (stop func()) {
+func (w *worker) startStages() (stop func()) {
 	w.completions, w.acks = make(chan *run, maxBatch), make(chan []ackItem)
 	w.beats = newHeartbeats(w)
 	recorded, acked, beaten := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -378,7 +378,7 @@ func (w *Worker) startStages() (stop func()) {
 }
 
 // claimLoop claims the tasks of q while ctx lasts and starts a run for each.
-func (w *Worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q *queue, runs *runners) {
+func (w *worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q *queue, runs *runners) {
 	slots := newQueueSlots(q.cfg.Concurrency, claimCoalesce)
 	defer slots.close()
 	free := slots.free
@@ -538,7 +538,7 @@ func approach(d time.Duration) time.Duration {
 	return d
 }
 
-func (w *Worker) pause(ctx context.Context) {
+func (w *worker) pause(ctx context.Context) {
 	t := time.NewTimer(w.cfg.ErrorPause)
 	defer t.Stop()
 	select {

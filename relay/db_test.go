@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -46,7 +47,7 @@ func TestRelayAndWorkerOnAWrappedDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	wdb := &countingDB{Pool: testenv.Pool(t, b.url)}
-	w, err := delayq.NewWorker(wdb, b.dq, b.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(wdb, b.dq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -53,7 +54,7 @@ func TestObserverAndSharedRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second relay on the registry: %v", err)
 	}
-	if _, err := delayq.NewWorker(b.pool, b.dq, b.ob, delayq.WorkerConfig{Registerer: reg}); err != nil {
+	if _, err := clientkit.NewClient(b.pool, b.dq, b.ob, delayq.WorkerConfig{Registerer: reg}); err != nil {
 		t.Fatalf("a worker on the relays' registry: %v", err)
 	}
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/relay"
@@ -55,7 +56,7 @@ func TestPollOnlyThroughPgBouncer(t *testing.T) {
 		runUntilCleanup(t, rl.Run)
 	}
 	pool := testenv.Pool(t, url)
-	w, err := delayq.NewWorker(pool, b.dq, b.ob, delayq.WorkerConfig{Logger: testLogger(t)})
+	w, err := clientkit.NewClient(pool, b.dq, b.ob, delayq.WorkerConfig{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -97,7 +98,7 @@ func TestScheduleThreeRelaysExactlyOnce(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE runs (id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(b.pool, b.dq, b.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(b.pool, b.dq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

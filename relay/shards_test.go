@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
@@ -99,7 +100,7 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(b.pool, wdq, b.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(b.pool, wdq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -58,7 +59,7 @@ func TestQueuePauseUnderLoad(t *testing.T) {
 	}
 	goRun(rl.Run)
 	for range 2 {
-		w, err := delayq.NewWorker(b.pool, b.dq, ob, delayq.WorkerConfig{})
+		w, err := clientkit.NewClient(b.pool, b.dq, ob, delayq.WorkerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

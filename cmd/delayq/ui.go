@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/migrations"
@@ -166,7 +167,7 @@ func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Po
 	if err != nil {
 		return err
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second})
+	w, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second})
 	if err != nil {
 		return err
 	}

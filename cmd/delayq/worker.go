@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
@@ -157,7 +158,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	defer deps.close()
 	cfg.Registerer = deps.reg
-	w, err := delayq.NewWorker(deps.pool, deps.dq, ob, cfg)
+	w, err := clientkit.NewClient(deps.pool, deps.dq, ob, cfg)
 	if err != nil {
 		return err
 	}
@@ -181,7 +182,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	logger.Info("worker: starting",
 		"database", redactURL(conn.databaseURL), "redis", redactURL(conn.redisURL),
 		"schema", conn.schema, "prefix", conn.prefix, "queues", strings.Join(names, ","),
-		"concurrency", concurrency, "weights", weights, "strict", strict, "lease", eff.Lease.String(), "admin", adminAddr(admin))
+		"concurrency", concurrency, "weights", weights, "strict", strict, "lease", eff.Worker.Lease.String(), "admin", adminAddr(admin))
 
 	runErr := w.Run(ctx)
 	if admin != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
@@ -90,7 +91,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: log})
+	w, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{Logger: log})
 	if err != nil {
 		return err
 	}

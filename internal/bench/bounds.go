@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -232,7 +233,7 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 			return "", "", "", "", err
 		}
 	}
-	w, err := delayq.NewWorker(pool, s.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return "", "", "", "", err
 	}
@@ -250,7 +251,7 @@ func (s *session) captureSQL(ctx context.Context) (enqueue, guardAlone, guardWri
 		return "", "", "", "", err
 	}
 	stop := s.background(ctx, w.Run)
-	err = waitFor(ctx, time.Minute, "the captured runs", func() (bool, error) { return w.Stats().Succeeded == 3, nil })
+	err = waitFor(ctx, time.Minute, "the captured runs", func() (bool, error) { return w.RunStats().Succeeded == 3, nil })
 	if serr := stop(); err == nil {
 		err = serr
 	}

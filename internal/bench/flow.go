@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -428,7 +429,7 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 			return err
 		}
 		var claims claimCounter
-		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{Observer: &claims})
+		w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{Observer: &claims})
 		if err != nil {
 			return err
 		}
@@ -455,7 +456,7 @@ func drain(kind drainKind, group bool) func(ctx context.Context, s *session, r *
 		start := time.Now()
 		stop := s.background(ctx, w.Run)
 		err = waitFor(ctx, 10*time.Minute, "the drain", func() (bool, error) {
-			return w.Stats().Succeeded >= int64(n), nil
+			return w.RunStats().Succeeded >= int64(n), nil
 		})
 		elapsed := time.Since(start)
 		cpuAfter := s.cpu(ctx)
@@ -532,7 +533,7 @@ func lateness(tasks int, spread time.Duration) func(context.Context, *session, *
 
 func latenessRun(ctx context.Context, s *session, r *Result, n int, spread time.Duration) error {
 	r.Params["tasks"], r.Params["spread"] = n, spread.String()
-	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
@@ -562,7 +563,7 @@ func latenessRun(ctx context.Context, s *session, r *Result, n int, spread time.
 		return err
 	}
 	err = waitFor(ctx, 2*time.Minute, "every task to run", func() (bool, error) {
-		return w.Stats().Succeeded >= int64(n), nil
+		return w.RunStats().Succeeded >= int64(n), nil
 	})
 	if err != nil {
 		return err
@@ -615,7 +616,7 @@ func idle(ctx context.Context, s *session, r *Result) error {
 		window = 2 * time.Second
 	}
 	r.Params["window"] = window.String()
-	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 )
 
 // priorityWeights are the priority workload's queues and weights.
@@ -60,7 +61,7 @@ func priority(ctx context.Context, s *session, r *Result) error {
 		mu.Unlock()
 		return nil
 	}
-	elapsed, err := runPriorityWorkers(ctx, s, "the starts", func(w *delayq.Worker) error {
+	elapsed, err := runPriorityWorkers(ctx, s, "the starts", func(w *delayq.Client) error {
 		for _, q := range priorityWeights {
 			if err := w.Handle(q.name, handle, delayq.QueueConfig{Concurrency: prioritySlots}); err != nil {
 				return err
@@ -145,7 +146,7 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 		mu.Unlock()
 		return nil
 	}
-	elapsed, err := runPriorityWorkers(ctx, s, "the within-queue starts", func(w *delayq.Worker) error {
+	elapsed, err := runPriorityWorkers(ctx, s, "the within-queue starts", func(w *delayq.Client) error {
 		return w.Handle(queue, handle, delayq.QueueConfig{Concurrency: prioritySlots})
 	}, func() bool {
 		mu.Lock()
@@ -184,10 +185,10 @@ func priorityWithin(ctx context.Context, s *session, r *Result, n int) error {
 // runPriorityWorkers runs priorityWorkers workers, each given its handlers by
 // setup, until done says so (what names the wait in its timeout), and stops them;
 // it returns how long they ran.
-func runPriorityWorkers(ctx context.Context, s *session, what string, setup func(*delayq.Worker) error, done func() bool) (time.Duration, error) {
+func runPriorityWorkers(ctx context.Context, s *session, what string, setup func(*delayq.Client) error, done func() bool) (time.Duration, error) {
 	var stops []func() error
 	for range priorityWorkers {
-		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
+		w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 		if err == nil {
 			err = setup(w)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -46,7 +47,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	)
 	var stops []func() error
 	for range rateLimitWorkers {
-		w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
+		w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 )
 
 // recovery: a worker process is SIGKILLed 1 s into a 60 s task; how long until
@@ -51,7 +52,7 @@ func recovery(ctx context.Context, s *session, r *Result) error {
 	}
 	killed := time.Now()
 
-	w, err := delayq.NewWorker(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(s.pool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
@@ -173,7 +174,7 @@ func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) err
 	stopRelay := sync.OnceValue(s.background(ctx, rl.Run))
 	defer stopRelay() //nolint:errcheck // stopped below; this one for early returns
 
-	w, err := delayq.NewWorker(s.pool, tgt.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(s.pool, tgt.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}

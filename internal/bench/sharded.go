@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/tempserver"
@@ -223,7 +224,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	r.Checks[name+"_misplaced"], want[name+"_misplaced"] = misplaced, 0
 
 	// The drain.
-	w, err := delayq.NewWorker(s.pool, g.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(s.pool, g.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
@@ -247,7 +248,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	start = time.Now()
 	stop := s.background(ctx, w.Run)
 	err = waitFor(ctx, 10*time.Minute, "the drain", func() (bool, error) {
-		return w.Stats().Succeeded >= int64(n), nil
+		return w.RunStats().Succeeded >= int64(n), nil
 	})
 	elapsed = time.Since(start)
 	after, cerr = g.counters(ctx)

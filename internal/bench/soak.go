@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -125,7 +126,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 	if err != nil {
 		return err
 	}
-	w, err := delayq.NewWorker(workerPool, s.dq, s.ob, delayq.WorkerConfig{})
+	w, err := clientkit.NewClient(workerPool, s.dq, s.ob, delayq.WorkerConfig{})
 	if err != nil {
 		return err
 	}
@@ -133,7 +134,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 		failed  atomic.Int64
 		enqueue atomic.Int64
 	)
-	done := func() int64 { return w.Stats().Succeeded } // completions committed
+	done := func() int64 { return w.RunStats().Succeeded } // completions committed
 	err = w.HandleTx("soak", func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		stats.started(t)
 		if t.Attempt == 1 && failsOnce(t.ID) {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -499,11 +500,11 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			return nil
 		}
 	}
-	var workers []*delayq.Worker
+	var workers []*delayq.Client
 	for _, name := range []string{"w1", "w2"} {
 		// 50 queues × 2 handlers share 16 connections: a handler waits for one
 		// while its heartbeats keep the lease.
-		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
+		w, err := clientkit.NewClient(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
 			ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second, Logger: testLogger(t, name)})
 		if err != nil {
 			t.Fatal(err)
@@ -552,9 +553,9 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 	if lateMS > 15000 {
 		t.Errorf("a task was claimed %.0fms after it was due: wake-ups missed", lateMS)
 	}
-	var st [2]delayq.Stats
+	var st [2]delayq.RunStats
 	for i, w := range workers {
-		st[i] = w.Stats()
+		st[i] = w.RunStats()
 	}
 	t.Logf("%d tasks (%d dead) on %d queues in %v, max claim lateness %.0fms; workers: %+v / %+v",
 		len(tasks), nDead, len(queues), elapsed.Round(time.Millisecond), lateMS, st[0], st[1])

@@ -168,7 +168,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	var suppressed int64
 	for _, w := range workers {
-		suppressed += w.Stats().Suppressed
+		suppressed += w.RunStats().Suppressed
 	}
 	restored, removed := 0, 0
 	for _, r := range []reconcile.Report{crash, graceful, reshard} {

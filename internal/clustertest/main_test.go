@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -238,11 +239,11 @@ func runRelay(t testing.TB, url string, dq *dispatch.Client, cfg relay.Config) *
 
 // startEffectWorkers runs workers w1 and w2 on every queue, with transactional
 // handlers that write the effects table, until the test ends.
-func startEffectWorkers(t testing.TB, pg pgBundle, dq *dispatch.Client, queues []string) []*delayq.Worker {
+func startEffectWorkers(t testing.TB, pg pgBundle, dq *dispatch.Client, queues []string) []*delayq.Client {
 	t.Helper()
-	var workers []*delayq.Worker
+	var workers []*delayq.Client
 	for _, name := range []string{"w1", "w2"} {
-		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{Lease: 2 * time.Second,
+		w, err := clientkit.NewClient(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{Lease: 2 * time.Second,
 			OpTimeout: 3 * time.Second, ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
 			Logger: testLogger(t, name)})
 		if err != nil {

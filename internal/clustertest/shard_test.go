@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/reconcile"
@@ -276,9 +277,9 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 		}
 		return nil
 	}
-	var workers []*delayq.Worker
+	var workers []*delayq.Client
 	for _, name := range []string{"w1", "w2"} {
-		w, err := delayq.NewWorker(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
+		w, err := clientkit.NewClient(pg.workerPool(t), dq, pg.ob, delayq.WorkerConfig{
 			ErrorPause: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second, Logger: testLogger(t, name)})
 		if err != nil {
 			t.Fatal(err)
@@ -368,9 +369,9 @@ func testShardedEndToEnd(t *testing.T, rdb *redis.ClusterClient, cl *tempserver.
 	}
 	checkRuns()
 
-	var st [2]delayq.Stats
+	var st [2]delayq.RunStats
 	for i, w := range workers {
-		st[i] = w.Stats()
+		st[i] = w.RunStats()
 	}
 	if st[0].Claimed == 0 || st[1].Claimed == 0 {
 		t.Errorf("a worker claimed nothing: %+v / %+v", st[0], st[1])

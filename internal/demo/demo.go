@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/migrations"
@@ -164,7 +165,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second, Logger: cfg.Logger})
+	w, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{Lease: 5 * time.Second, Logger: cfg.Logger})
 	if err != nil {
 		return rep, err
 	}
@@ -228,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := collect(ctx, pool, ob, schema, &rep); err != nil {
 		return rep, err
 	}
-	st := w.Stats()
+	st := w.RunStats()
 	rep.Retried, rep.Suppressed = st.Retried, st.Suppressed
 	rep.Early = int(early.Load())
 	slices.Sort(lateness)
@@ -348,7 +349,7 @@ var errRollback = errors.New("demo: business transaction rolled back")
 
 // waitFinished waits until every committed task is done or dead in the outbox,
 // printing progress. It polls the outbox, the thing it reports on, twice a second.
-func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cfg Config, want int, w *delayq.Worker) error {
+func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cfg Config, want int, w *delayq.Client) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	store := taskstate.New(taskstate.Config{Schema: ob.Config().Schema})
@@ -359,7 +360,7 @@ func waitFinished(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, cf
 		}
 		pending, queued, done, dead := n[taskstate.Pending], n[taskstate.Queued], n[taskstate.Done], n[taskstate.Dead]
 		if cfg.Live {
-			st := w.Stats()
+			st := w.RunStats()
 			fmt.Fprintf(cfg.Out, "\r  pending %5d  in redis %5d  done %5d  dead %3d  retried %4d  running %3d ",
 				pending, queued, done, dead, st.Retried, st.InFlight)
 		}

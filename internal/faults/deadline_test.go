@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/testenv"
 )
 
@@ -122,7 +123,7 @@ type deadlineFleet struct {
 	reg *prometheus.Registry
 
 	mu      sync.Mutex
-	workers []*delayq.Worker
+	workers []*delayq.Client
 }
 
 // start runs a worker until the returned stop is called or the test ends.
@@ -131,7 +132,7 @@ func (f *deadlineFleet) start(name string) (stop func()) {
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", fmt.Sprint(workerConc*len(s.queues)+2)))
 	cfg := workerConfig(s.logger(name))
 	cfg.Registerer = f.reg
-	w, err := delayq.NewWorker(pool, s.delayqClient(t, s.redisURL), s.ob, cfg)
+	w, err := clientkit.NewClient(pool, s.delayqClient(t, s.redisURL), s.ob, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +174,7 @@ func (f *deadlineFleet) missed(t *testing.T) (int64, float64) {
 	defer f.mu.Unlock()
 	var stats int64
 	for _, w := range f.workers {
-		stats += w.Stats().MissedDeadline
+		stats += w.RunStats().MissedDeadline
 	}
 	mfs, err := f.reg.Gather()
 	if err != nil {

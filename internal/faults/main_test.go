@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
@@ -263,7 +264,7 @@ func (s *system) runWorker(name string, hooks ...redis.Hook) {
 	t := s.t
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", fmt.Sprint(workerConc*len(s.queues)+2)))
 	dq := s.delayqClient(t, s.redisURL, hooks...)
-	w, err := delayq.NewWorker(pool, dq, s.ob, workerConfig(s.logger(name)))
+	w, err := clientkit.NewClient(pool, dq, s.ob, workerConfig(s.logger(name)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -280,7 +281,7 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, modelWorkerConfig(log, name))
+	w, err := clientkit.NewClient(pool, dq, ob, modelWorkerConfig(log, name))
 	if err != nil {
 		return err
 	}

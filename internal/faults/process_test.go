@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -108,7 +108,7 @@ func workerProcess(ctx context.Context, name string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("bad %s: %w", envGroupCommit, err)
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, workerConfig(log))
+	w, err := clientkit.NewClient(pool, dq, ob, workerConfig(log))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -193,7 +194,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	enqueue("hang", "h-1")
 
 	// The worker, as user delayq-worker.
-	w, err := delayq.NewWorker(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{
+	w, err := clientkit.NewClient(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{
 		Lease: 600 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond,
 		ShutdownTimeout: -1, ErrorPause: 50 * time.Millisecond, Logger: discard()})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
@@ -123,7 +124,7 @@ func TestLeastPrivilegeACLOnCluster(t *testing.T) {
 		t.Fatalf("migrate the keys of slot %d: %d moved, %v", slot, n, err)
 	}
 
-	w, err := delayq.NewWorker(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
+	w, err := clientkit.NewClient(testenv.Pool(t, pgURL), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

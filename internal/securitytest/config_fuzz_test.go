@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/outbox"
@@ -77,14 +78,14 @@ func FuzzConfigs(f *testing.F) {
 
 		wc := delayq.WorkerConfig{Lease: a, HeartbeatInterval: b, ShutdownTimeout: c, OpTimeout: a, ErrorPause: b}
 		verr = wc.Validate()
-		w, nerr := delayq.NewWorker(pool, dq, ob, wc)
+		w, nerr := clientkit.NewClient(pool, dq, ob, wc)
 		if (verr == nil) != (nerr == nil) {
 			t.Fatalf("worker: Validate %v, New %v", verr, nerr)
 		}
 		if verr != nil {
 			refusal(t, "worker", verr, delayq.ErrInvalidConfig)
 		} else {
-			e := w.Config()
+			e := w.Config().Worker
 			if e.Lease < time.Millisecond || e.HeartbeatInterval >= e.Lease || e.ShutdownTimeout < 0 && e.ShutdownTimeout != -1 {
 				t.Fatalf("worker accepted %+v", e)
 			}

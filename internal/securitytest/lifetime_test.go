@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -103,12 +104,12 @@ func TestPayloadLifetime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Logger: discard()})
+	w, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A worker whose outbox client clears payloads of every task it marks done.
-	w2, err := delayq.NewWorker(pool, dq, clearing, delayq.WorkerConfig{Logger: discard()})
+	w2, err := clientkit.NewClient(pool, dq, clearing, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/migrations"
@@ -253,7 +254,7 @@ func TestLibraryOverTLSWithACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(e.pool(t), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
+	w, err := clientkit.NewClient(e.pool(t), workerDQ, ob, delayq.WorkerConfig{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
@@ -180,7 +181,7 @@ func (e *env) runSystem(t *testing.T, queue string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(e.pool, e.dq, e.ob, delayq.WorkerConfig{Lease: 5 * time.Second})
+	w, err := clientkit.NewClient(e.pool, e.dq, e.ob, delayq.WorkerConfig{Lease: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqotel"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -56,7 +57,7 @@ func TestOneTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := delayq.NewWorker(pool, dq, ob, delayq.WorkerConfig{Observer: delayqotel.NewWorkerObserver(opts)})
+	w, err := clientkit.NewClient(pool, dq, ob, delayq.WorkerConfig{Observer: delayqotel.NewWorkerObserver(opts)})
 	if err != nil {
 		t.Fatal(err)
 	}

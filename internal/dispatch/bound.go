@@ -1,0 +1,16 @@
+package dispatch
+
+import "github.com/redis/go-redis/v9"
+
+// Bound is a Redis client that carries the dispatch Client built on it. The
+// module's own tools (tests, benchmarks, the CLI) configure a dispatch Client
+// of their own and hand it to delayq.New in place of a plain Redis client;
+// delayq.New then uses that Client. Users never meet it: this package is
+// internal.
+type Bound struct {
+	redis.UniversalClient
+	Client *Client
+}
+
+// AsRedis returns c's Redis client, bound to c.
+func (c *Client) AsRedis() redis.UniversalClient { return Bound{UniversalClient: c.rdb, Client: c} }
