@@ -20,28 +20,21 @@
 package dashboard
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/dispatch"
-	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/ui"
-	"github.com/delayq/delayq/outbox"
 )
 
 // ErrInvalidConfig reports a Config New refuses (errors.Is).
 var ErrInvalidConfig = ui.ErrInvalidConfig
 
-// Config configures the dashboard. DB, Redis and Outbox are required, and so are
-// credentials unless ReadOnly.
+// Config configures the dashboard. Credentials are required unless ReadOnly.
 type Config struct {
-	// DB is PostgreSQL (a *pgxpool.Pool), Redis the delayq client (its Config names
-	// the key prefix), Outbox the producer client (its Config names the schema).
-	DB     reconcile.DB
-	Redis  *dispatch.Client
-	Outbox *outbox.Client
-
 	// Token authenticates actions: at least 16 bytes.
 	Token string
 	// BasicUser and BasicPassword authenticate actions with HTTP basic auth.
@@ -66,14 +59,30 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// New builds the dashboard. The error wraps ErrInvalidConfig for a Config it
-// refuses.
-func New(cfg Config) (http.Handler, error) {
+// New builds the dashboard on client's stores (its schema and key prefix). The
+// error wraps ErrInvalidConfig for a Config it refuses.
+func New(client *delayq.Client, cfg Config) (http.Handler, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: a nil client", ErrInvalidConfig)
+	}
+	dq, err := dispatchOf(client)
+	if err != nil {
+		return nil, err
+	}
 	return ui.New(ui.Config{
-		DB: cfg.DB, Redis: cfg.Redis, Outbox: cfg.Outbox,
+		DB: client.DB(), Redis: dq, Outbox: client.Outbox(),
 		Token: cfg.Token, BasicUser: cfg.BasicUser, BasicPassword: cfg.BasicPassword,
 		ReadOnly: cfg.ReadOnly, HidePayloads: cfg.HidePayloads, AuthReads: cfg.AuthReads,
 		PayloadCap: cfg.PayloadCap, PageSize: cfg.PageSize, Refresh: cfg.Refresh,
 		BasePath: cfg.BasePath, Logger: cfg.Logger,
 	})
+}
+
+// dispatchOf returns the Redis side of client: the module's own tools' dispatch
+// client, or one on client's Redis with its key prefix.
+func dispatchOf(client *delayq.Client) (*dispatch.Client, error) {
+	if b, ok := client.Redis().(dispatch.Bound); ok {
+		return b.Client, nil
+	}
+	return dispatch.New(client.Redis(), dispatch.Config{Prefix: client.Config().Prefix})
 }

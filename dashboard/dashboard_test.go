@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,7 +10,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/dashboard"
-	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -22,18 +23,17 @@ func TestMountedInAServeMux(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
+	client, err := delayq.New(pool, rdb, delayq.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
+	if _, err := client.Outbox().Enqueue(t.Context(), pool, outbox.Task{Queue: "mail", ID: "m1", Payload: []byte(`{}`), Delay: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ob.Enqueue(t.Context(), pool, outbox.Task{Queue: "mail", ID: "m1", Payload: []byte(`{}`), Delay: time.Hour}); err != nil {
-		t.Fatal(err)
+	if _, err := dashboard.New(nil, dashboard.Config{ReadOnly: true}); !errors.Is(err, dashboard.ErrInvalidConfig) {
+		t.Errorf("a nil client: %v", err)
 	}
-	h, err := dashboard.New(dashboard.Config{DB: pool, Redis: dq, Outbox: ob, Token: "a-token-of-24-bytes-long", BasePath: "/ops/delayq"})
+	h, err := dashboard.New(client, dashboard.Config{Token: "a-token-of-24-bytes-long", BasePath: "/ops/delayq"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/dashboard"
-	"github.com/delayq/delayq/internal/dispatch"
-	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/delayq"
 )
 
 // The dashboard in an application's own server, under /ops/delayq/, beside its
@@ -27,16 +26,11 @@ func Example() {
 	defer pool.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
-	dq, err := dispatch.New(rdb, dispatch.Config{})
+	client, err := delayq.New(pool, rdb, delayq.Config{}) // the service's one client
 	if err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	h, err := dashboard.New(dashboard.Config{
-		DB: pool, Redis: dq, Outbox: ob,
+	h, err := dashboard.New(client, dashboard.Config{
 		Token:    os.Getenv("DELAYQ_UI_TOKEN"), // every action needs it, and a CSRF token
 		BasePath: "/ops/delayq",
 	})
@@ -54,13 +48,12 @@ func Example() {
 func ExampleNew_credentials() {
 	rdb := redis.NewClient(&redis.Options{}) // connects at first use
 	defer rdb.Close()
-	dq, _ := dispatch.New(rdb, dispatch.Config{})
-	ob, _ := outbox.New(outbox.Config{})
 	pool, _ := pgxpool.New(context.Background(), "postgres://localhost/app") // connects at first use
 	defer pool.Close()
-	_, err := dashboard.New(dashboard.Config{DB: pool, Redis: dq, Outbox: ob})
+	client, _ := delayq.New(pool, rdb, delayq.Config{})
+	_, err := dashboard.New(client, dashboard.Config{})
 	fmt.Println(errors.Is(err, dashboard.ErrInvalidConfig))
-	_, err = dashboard.New(dashboard.Config{DB: pool, Redis: dq, Outbox: ob, ReadOnly: true})
+	_, err = dashboard.New(client, dashboard.Config{ReadOnly: true})
 	fmt.Println(err)
 	// Output:
 	// true

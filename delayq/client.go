@@ -64,6 +64,7 @@ type Config struct {
 // operator's calls. Create it with New; it is safe for concurrent use.
 type Client struct {
 	pool DB
+	rdb  redis.UniversalClient
 	cfg  Config
 	dq   *dispatch.Client
 	ob   *outbox.Client
@@ -87,7 +88,7 @@ func New(pool DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{pool: pool, cfg: cfg}
+	c := &Client{pool: pool, rdb: rdb, cfg: cfg}
 	if b, ok := rdb.(dispatch.Bound); ok { // the module's own tools: their dispatch client
 		if c.dq = b.Client; c.dq.Config().Prefix != cfg.Prefix {
 			return nil, fmt.Errorf("%w: Prefix %q, the dispatch client's %q", ErrInvalidConfig, cfg.Prefix, c.dq.Config().Prefix)
@@ -293,3 +294,9 @@ func (c *Client) Config() Config {
 	cfg.Worker = c.w.Config()
 	return cfg
 }
+
+// DB returns the PostgreSQL pool c was built on.
+func (c *Client) DB() DB { return c.pool }
+
+// Redis returns the Redis client c was built on.
+func (c *Client) Redis() redis.UniversalClient { return c.rdb }
