@@ -37,7 +37,8 @@ type ManyResult struct {
 // error: the caller's transaction stays usable.
 //
 // Invalid input is reported before anything is sent, with an error wrapping one of the
-// sentinels listed at Validate; a StartBy before the due time (now plus Delay, on the
+// sentinels listed at Validate, or ErrQueueType for a task a typed Queue built whose
+// payload type is not the one c has for the queue (see Queue); a StartBy before the due time (now plus Delay, on the
 // database clock) is refused by the statement itself, ErrInvalidStartBy, nothing
 // written and the transaction usable.
 func (c *Client) Enqueue(ctx context.Context, q Querier, t Task) (Result, error) {
@@ -68,7 +69,7 @@ func (c *Client) EnqueueManySQL(ctx context.Context, tx SQLQuerier, tasks []Task
 }
 
 func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) {
-	if err := c.Validate(t); err != nil {
+	if err := c.admit(t); err != nil {
 		return Result{}, fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	w := c.row(ctx, t)
@@ -121,7 +122,7 @@ func compareTasks(a, b *Task) int {
 
 func (c *Client) enqueueMany(ctx context.Context, r runner, tasks []Task) (ManyResult, error) {
 	for i, t := range tasks {
-		if err := c.Validate(t); err != nil {
+		if err := c.admit(t); err != nil {
 			return ManyResult{}, fmt.Errorf("outbox: enqueue many: task %d of %d: %w", i, len(tasks), err)
 		}
 	}

@@ -34,6 +34,9 @@ var (
 	// up`). CheckMigrated returns it, and so do the worker's and the relay's Run
 	// at their start, instead of failing every round.
 	ErrNotMigrated = errors.New("outbox table not found (run the migrations: delayq migrate up)")
+	// ErrQueueType reports a task built by a Queue whose payload type is not the
+	// one the Client has seen for that queue name (see Queue).
+	ErrQueueType = errors.New("queue used with another payload type")
 	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")
 	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or

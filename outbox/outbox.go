@@ -205,6 +205,9 @@ type Client struct {
 	sql       taskstate.Statements
 	ops       *transition.Ops // the producer's transitions after the insert (Postgres only)
 	notifiers *notifiers      // nil when NotifyCooldown is -1
+	// payloadTypes is each queue's payload type, as typed Queues enqueued
+	// through c (strict.go).
+	payloadTypes payloadTypes
 }
 
 // New returns a Client for the outbox described by cfg.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/delayq/delayq/internal/validate"
@@ -51,6 +52,11 @@ type Task struct {
 	// strict: a constant backlog of higher priorities starves the lower ones of
 	// the queue. Kept by Reschedule and by a retry from dead.
 	Priority int
+
+	// payloadType is the type of the value Queue.Task encoded (nil for raw
+	// bytes): the client refuses another for the same queue name
+	// (ErrQueueType). Not stored.
+	payloadType reflect.Type
 }
 
 // JSON encodes v as a payload.

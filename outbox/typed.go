@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // ErrInvalidPayload reports a value its codec could not encode (Queue.Task), or a
@@ -18,22 +19,48 @@ type Codec interface {
 	Decode(payload []byte, v any) error
 }
 
-// JSONCodec is the default Codec: encoding/json.
-type JSONCodec struct{}
+// JSONCodec is the default Codec: encoding/json, decoding strictly. A payload
+// with a field the type does not have, or with anything after its JSON value,
+// does not decode (ErrInvalidPayload: the task is dead at once), so a
+// misspelled field or another type's payload is never run as zero values.
+type JSONCodec struct {
+	// AllowUnknownFields decodes as encoding/json.Unmarshal does, ignoring fields
+	// the type does not have: for a queue whose producers may add a field before
+	// its workers know it (a rolling deploy), e.g.
+	// Queue[T]{Name: "x", Codec: JSONCodec{AllowUnknownFields: true}}.
+	AllowUnknownFields bool
+}
 
 // Encode returns the JSON encoding of v.
 func (JSONCodec) Encode(v any) ([]byte, error) { return json.Marshal(v) }
 
-// Decode reads the JSON payload into v.
-func (JSONCodec) Decode(payload []byte, v any) error { return json.Unmarshal(payload, v) }
+// Decode reads the JSON payload into v (see JSONCodec).
+func (c JSONCodec) Decode(payload []byte, v any) error {
+	return decodeJSON(payload, v, c.AllowUnknownFields)
+}
 
 // Queue is a queue whose payloads are values of T. Declare it once, beside T, and
 // use it on both sides: producers build tasks with Task (or Enqueue), workers
-// register handlers that get a T (worker.Register, RegisterTx, RegisterSQL). A
+// register handlers that get a T (delayq.Register, RegisterTx, RegisterSQL). A
 // value that does not encode is refused before anything is written; a payload
 // that does not decode makes its task dead at once, with the reason.
 //
 //	var Charges = outbox.Queue[Charge]{Name: "charge"}
+//
+// If T or *T has a method Validate() error, Task (so Enqueue and EnqueueSQL)
+// calls it before encoding and refuses an invalid value (ErrInvalidPayload,
+// wrapping Validate's error; nothing written), and Decode calls it after
+// decoding, so the worker makes a task whose value is invalid dead at once.
+//
+// One queue name, one payload type: the worker decodes every task of the queue
+// into its handler's T. A Client refuses a task built by a Queue of another T
+// for a queue name it has enqueued (or registered a handler, Bind) with another
+// type (ErrQueueType, nothing written); a worker refuses a second handler for a
+// queue. Across processes nothing is recorded: the strict JSONCodec makes a
+// payload of another type dead at once when its fields differ (not when they
+// are a subset of T's), and so it does for untyped enqueues (raw bytes in Task,
+// the CLI's `delayq enqueue --payload`, an edited dead task), which no type
+// checks before the worker.
 type Queue[T any] struct {
 	// Name is the queue's name (see Task.Queue).
 	Name string
@@ -57,13 +84,14 @@ func (q Queue[T]) Encode(v T) ([]byte, error) {
 	return p, nil
 }
 
-// Decode reads a payload of the queue.
+// Decode reads a payload of the queue, and checks the value with its Validate
+// method if T has one.
 func (q Queue[T]) Decode(payload []byte) (T, error) {
 	var v T
 	if err := q.codec().Decode(payload, &v); err != nil {
 		return v, fmt.Errorf("%w: queue %s: decode %T: %w", ErrInvalidPayload, q.Name, v, err)
 	}
-	return v, nil
+	return v, q.check(&v)
 }
 
 // Task returns t with the queue's name and v's payload: set ID, and Delay, RunAt
@@ -73,11 +101,14 @@ func (q Queue[T]) Task(t Task, v T) (Task, error) {
 	if t.Queue != "" && t.Queue != q.Name {
 		return Task{}, fmt.Errorf("%w: task of queue %q built by queue %q", ErrInvalidQueue, t.Queue, q.Name)
 	}
+	if err := q.check(&v); err != nil {
+		return Task{}, err
+	}
 	p, err := q.Encode(v)
 	if err != nil {
 		return Task{}, err
 	}
-	t.Queue, t.Payload = q.Name, p
+	t.Queue, t.Payload, t.payloadType = q.Name, p, reflect.TypeFor[T]()
 	return t, nil
 }
 
