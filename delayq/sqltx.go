@@ -53,6 +53,9 @@ func RegisterSQL[T any](c *Client, db *sql.DB, q outbox.Queue[T], h func(ctx con
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
 	}
+	if err := bindQueue(c, q); err != nil {
+		return err
+	}
 	return c.w.HandleSQLTx(q.Name, db, func(ctx context.Context, tx *sql.Tx, t *Task) error {
 		v, err := decode(q, t)
 		if err != nil {

@@ -17,6 +17,9 @@ func Register[T any](c *Client, q outbox.Queue[T], h func(ctx context.Context, t
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
 	}
+	if err := bindQueue(c, q); err != nil {
+		return err
+	}
 	return c.w.Handle(q.Name, func(ctx context.Context, t *Task) error {
 		v, err := decode(q, t)
 		if err != nil {
@@ -31,6 +34,9 @@ func Register[T any](c *Client, q outbox.Queue[T], h func(ctx context.Context, t
 func RegisterTx[T any](c *Client, q outbox.Queue[T], h func(ctx context.Context, tx pgx.Tx, t *Task, v T) error, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, q.Name)
+	}
+	if err := bindQueue(c, q); err != nil {
+		return err
 	}
 	return c.w.HandleTx(q.Name, func(ctx context.Context, tx pgx.Tx, t *Task) error {
 		v, err := decode(q, t)
