@@ -36,7 +36,12 @@
 // producers (Queue.Enqueue) and handlers (Register, RegisterTx, RegisterSQL): the handler gets
 // the decoded T. JSON is the default codec; a Queue may name another
 // (outbox.Codec). A payload that does not decode makes the task dead at once,
-// with the reason as its last error.
+// with the reason as its last error: the default JSON codec is strict (a field
+// T lacks, or data after the JSON value, does not decode; see outbox.JSONCodec
+// for the lenient option), and a T with a Validate() error method is checked
+// after decoding too. Registering a handler binds T to the queue name on the
+// client: enqueueing a value of another type for the queue through the client
+// is refused (outbox.ErrQueueType), as is a second handler for a queue.
 //
 // # database/sql
 //

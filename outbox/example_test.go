@@ -76,3 +76,17 @@ func ExampleQueue_Task() {
 	// charge order-1001 {"order":"order-1001","amount_cents":1250}
 	// 1250 <nil>
 }
+
+// Payloads decode strictly: a field the type does not have (a misspelling, or
+// another type's payload) is an invalid payload, which a worker makes dead at
+// once, with this reason.
+func ExampleJSONCodec() {
+	_, err := Charges.Decode([]byte(`{"order":"order-1001","amount":1250}`))
+	fmt.Println(err)
+	lenient := outbox.Queue[Charge]{Name: "charge", Codec: outbox.JSONCodec{AllowUnknownFields: true}}
+	v, err := lenient.Decode([]byte(`{"order":"order-1001","amount":1250}`))
+	fmt.Printf("%+v %v\n", v, err)
+	// Output:
+	// invalid payload: queue charge: decode outbox_test.Charge: json: unknown field "amount"
+	// {Order:order-1001 AmountCents:0} <nil>
+}

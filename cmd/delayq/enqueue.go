@@ -97,7 +97,9 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 			"  delayq enqueue --queue sms --id otp-7 --start-by 2030-01-02T15:05:00Z   # not run after that\n\n"+
 			"The task goes into the outbox (Postgres) as pending; the relay moves it to Redis\n"+
 			"when it falls due. An id that exists already is a duplicate: nothing changes and\n"+
-			"the exit code is 0.\n")
+			"the exit code is 0. The payload is not checked against the queue's payload type\n"+
+			"(the CLI cannot know it): a typed worker makes a task whose JSON has a field its\n"+
+			"type lacks, or fails its Validate, dead at once, with the reason.\n")
 	conn.register(fs, m, true, false)
 	task.register(fs)
 	when.register(fs)
