@@ -62,13 +62,14 @@ func (q Queue[T]) check(v *T) error {
 	return nil
 }
 
-// Bind records T as the payload type of q's queue on c, as Enqueue, EnqueueSQL
-// and EnqueueMany do for each task q built: a task of another type for the same
-// queue name is then refused on c (ErrQueueType), and Bind fails (ErrQueueType)
-// if c has seen another type for it already. The worker's typed registration
-// binds the worker's outbox client, so a process's producers and handlers agree.
-func (q Queue[T]) Bind(c *Client) error {
-	return c.payloadTypes.bind(q.Name, reflect.TypeFor[T]())
+// Bind records T as the payload type of q's queue on p's outbox client, as
+// Enqueue, EnqueueSQL and EnqueueMany do for each task q built: a task of
+// another type for the same queue name is then refused there (ErrQueueType),
+// and Bind fails (ErrQueueType) if the client has seen another type for it
+// already. delayq's Register, RegisterTx and RegisterSQL bind their client, so
+// one process's producers and handlers agree.
+func (q Queue[T]) Bind(p Producer) error {
+	return p.Outbox().payloadTypes.bind(q.Name, reflect.TypeFor[T]())
 }
 
 // payloadTypes remembers the payload type of each queue name a client enqueued

@@ -53,10 +53,10 @@ func (c JSONCodec) Decode(payload []byte, v any) error {
 // decoding, so the worker makes a task whose value is invalid dead at once.
 //
 // One queue name, one payload type: the worker decodes every task of the queue
-// into its handler's T. A Client refuses a task built by a Queue of another T
-// for a queue name it has enqueued (or registered a handler, Bind) with another
-// type (ErrQueueType, nothing written); a worker refuses a second handler for a
-// queue. Across processes nothing is recorded: the strict JSONCodec makes a
+// into its handler's T. An outbox Client remembers the T of each queue name a
+// Queue enqueued through it or bound to it (Bind; delayq's Register does), and
+// refuses a task of another T for that name (ErrQueueType, nothing written); a
+// delayq client refuses a second handler for a queue. Across processes nothing is recorded: the strict JSONCodec makes a
 // payload of another type dead at once when its fields differ (not when they
 // are a subset of T's), and so it does for untyped enqueues (raw bytes in Task,
 // the CLI's `delayq enqueue --payload`, an edited dead task), which no type
