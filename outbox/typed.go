@@ -56,11 +56,11 @@ func (c JSONCodec) Decode(payload []byte, v any) error {
 // into its handler's T. An outbox Client remembers the T of each queue name a
 // Queue enqueued through it or bound to it (Bind; delayq's Register does), and
 // refuses a task of another T for that name (ErrQueueType, nothing written); a
-// delayq client refuses a second handler for a queue. Across processes nothing is recorded: the strict JSONCodec makes a
-// payload of another type dead at once when its fields differ (not when they
-// are a subset of T's), and so it does for untyped enqueues (raw bytes in Task,
-// the CLI's `delayq enqueue --payload`, an edited dead task), which no type
-// checks before the worker.
+// delayq client refuses a second handler for a queue. Across processes nothing
+// is recorded: the strict JSONCodec makes a payload of another type dead at
+// once when its fields differ (not when they are a subset of T's), and so it
+// does for untyped enqueues (raw bytes in Task, the CLI's `delayq enqueue
+// --payload`, an edited dead task), which no type checks before the worker.
 type Queue[T any] struct {
 	// Name is the queue's name (see Task.Queue).
 	Name string
