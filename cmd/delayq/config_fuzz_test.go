@@ -206,8 +206,8 @@ func FuzzURLErrors(f *testing.F) {
 			} else if strings.Contains(err.Error(), fuzzPassword) {
 				t.Fatalf("openRedis(%q): %v", u, err)
 			}
-			if err := checkRedisFlags(&connFlags{redisURL: u, prefix: "dq"}); err != nil && strings.Contains(err.Error(), fuzzPassword) {
-				t.Fatalf("checkRedisFlags(%q): %v", u, err)
+			if err := (&connFlags{redisURL: u, prefix: "dq"}).checkRedis(); err != nil && strings.Contains(err.Error(), fuzzPassword) {
+				t.Fatalf("checkRedis(%q): %v", u, err)
 			}
 		}
 	})

@@ -3,10 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -56,35 +55,69 @@ func runDead(ctx context.Context, m *Main, args []string) error {
 	return usagef("unknown action %q: want list, retry or purge", args[0])
 }
 
-func runDeadList(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var queues queueList
+// deadOptions is what 'delayq dead list|retry|purge' was asked.
+type deadOptions struct {
+	scanFlags
+	limit int  // list
+	json  bool // list
+	all   bool // retry
+	yes   bool // purge
+	id    string
+}
+
+// queueTask is the one task an action names: --queue (one) and the id.
+func (o *deadOptions) queueTask() (queue, id string) { return o.queues.list[0], o.id }
+
+func (o *deadOptions) validateID(action string, args []string) error {
+	switch {
+	case len(args) > 1:
+		return usagef("at most one task id")
+	case len(args) == 0:
+		return nil
+	case len(o.queues.list) != 1:
+		return usagef("%s <id> needs --queue (one queue)", action)
+	}
+	o.id = args[0]
+	if err := validate.TaskID(o.id); err != nil {
+		return usagef("%v", err)
+	}
+	return nil
+}
+
+func (o *deadOptions) parseList(m *Main, args []string) error {
 	fs := newFlagSet(m, "dead list", "dead list [flags]",
 		"  delayq dead list                        # the 100 most recent deaths, every queue\n"+
 			"  delayq dead list --queue payment --json # one queue, as JSON\n")
-	conn.register(fs, m, true, false)
-	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
-	limit := fs.Int("limit", 100, "show at most this many")
-	asJSON := fs.Bool("json", false, "print the list as JSON")
+	o.register(fs, m, false, "only this queue (repeat, or comma-separated; default: every queue)")
+	fs.IntVar(&o.limit, "limit", 100, "show at most this many")
+	fs.BoolVar(&o.json, "json", false, "print the list as JSON")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if *limit < 1 {
-		return usagef("--limit %d: at least 1", *limit)
+	if o.limit < 1 {
+		return usagef("--limit %d: at least 1", o.limit)
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema}
-	pool, _, closeAll, err := openStores(ctx, &conn, opts, false)
+	return o.validate(o.options())
+}
+
+// runDeadList calls the client's DeadTasks.
+func runDeadList(ctx context.Context, m *Main, args []string) error {
+	var o deadOptions
+	if err := o.parseList(m, args); err != nil {
+		return err
+	}
+	s, err := o.conn.openStores(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	dead, err := reconcile.ListDead(ctx, pool, opts, *limit)
+	defer s.close()
+	dead, err := s.client.DeadTasks(ctx, o.limit, o.queues.list...)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if o.json {
 		if dead == nil {
-			dead = []reconcile.DeadTask{}
+			dead = []delayqtype.DeadTask{}
 		}
 		return writeJSON(m.Stdout, dead)
 	}
@@ -92,8 +125,7 @@ func runDeadList(ctx context.Context, m *Main, args []string) error {
 		fmt.Fprintln(m.Stdout, "no dead tasks")
 		return nil
 	}
-	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tID\tATTEMPTS\tDIED AT\tLAST ERROR")
+	tw := newTable(m.Stdout, "QUEUE\tID\tATTEMPTS\tDIED AT\tLAST ERROR")
 	for _, d := range dead {
 		died := "-"
 		if !d.DiedAt.IsZero() {
@@ -104,109 +136,106 @@ func runDeadList(ctx context.Context, m *Main, args []string) error {
 	return tw.Flush()
 }
 
-func runDeadRetry(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var queues queueList
+func (o *deadOptions) parseRetry(m *Main, args []string) error {
 	fs := newFlagSet(m, "dead retry", "dead retry --queue q <id> | dead retry --all [--queue q]",
 		"  delayq dead retry --queue payment order-1001   # run it again now, attempts reset\n"+
 			"  delayq dead retry --all --queue payment        # every dead task of a queue\n")
-	conn.register(fs, m, true, true)
-	fs.Var(&queues, "queue", "the task's queue (with --all: only these queues)")
-	all := fs.Bool("all", false, "retry every dead task")
-	batch := fs.Int("batch", 500, "tasks per transaction with --all, 1..1000")
+	o.register(fs, m, true, "the task's queue (with --all: only these queues)")
+	fs.BoolVar(&o.all, "all", false, "retry every dead task")
+	o.registerBatch(fs, "tasks per transaction with --all, 1..1000")
 	if err := parseArgs(fs, args, -1); err != nil {
 		return err
 	}
-	if *batch < 1 || *batch > 1000 {
-		return usagef("--batch %d: 1..1000", *batch)
+	if err := o.validate(o.options()); err != nil {
+		return err
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, BatchSize: *batch}
 	switch {
-	case *all && fs.NArg() > 0:
+	case o.all && fs.NArg() > 0:
 		return usagef("give --all or an id, not both")
-	case !*all && fs.NArg() != 1:
+	case !o.all && fs.NArg() != 1:
 		return usagef("want one task id, or --all (see --help)")
-	case !*all && len(queues.list) != 1:
-		return usagef("retry <id> needs --queue (one queue)")
-	case !*all && validate.TaskID(fs.Arg(0)) != nil:
-		return usagef("%v", validate.TaskID(fs.Arg(0)))
 	}
-	pool, _, closeAll, err := openStores(ctx, &conn, opts, false)
+	return o.validateID("retry", fs.Args())
+}
+
+// runDeadRetry calls the client's RetryDead for one task, and internal/reconcile
+// for --all (the client has no RetryAllDead).
+func runDeadRetry(ctx context.Context, m *Main, args []string) error {
+	var o deadOptions
+	if err := o.parseRetry(m, args); err != nil {
+		return err
+	}
+	s, err := o.conn.openStores(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	if *all {
-		n, err := reconcile.RetryAllDead(ctx, pool, opts)
+	defer s.close()
+	if o.all {
+		n, err := reconcile.RetryAllDead(ctx, s.pool, o.options())
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(m.Stdout, "retried %d dead tasks: due now as new versions, attempts reset; the relay moves them\n", n)
 		return nil
 	}
-	q, id := queues.list[0], fs.Arg(0)
-	if err := reconcile.RetryDead(ctx, pool, opts, q, id); err != nil {
+	q, id := o.queueTask()
+	if err := s.client.RetryDead(ctx, q, id); err != nil {
 		return err
 	}
 	fmt.Fprintf(m.Stdout, "retried %s/%s: due now as a new version, attempts reset; the relay moves it\n", q, id)
 	return nil
 }
 
-func runDeadPurge(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var queues queueList
+func (o *deadOptions) parsePurge(m *Main, args []string) error {
 	fs := newFlagSet(m, "dead purge", "dead purge --yes [--queue q] [<id>]",
 		"  delayq dead purge --yes                        # every dead task, every queue\n"+
 			"  delayq dead purge --yes --queue payment        # one queue\n"+
 			"  delayq dead purge --yes --queue payment order-1001\n\n"+
 			"Deletes the outbox rows and the Redis tasks for good: the ids become free, and\n"+
 			"an enqueue of the same id is a new task.\n")
-	conn.register(fs, m, true, true)
-	fs.Var(&queues, "queue", "only this queue (needed with an id)")
-	yes := fs.Bool("yes", false, "confirm: delete for good")
-	batch := fs.Int("batch", 500, "tasks per transaction, 1..1000")
+	o.register(fs, m, true, "only this queue (needed with an id)")
+	fs.BoolVar(&o.yes, "yes", false, "confirm: delete for good")
+	o.registerBatch(fs, "tasks per transaction, 1..1000")
 	if err := parseArgs(fs, args, -1); err != nil {
 		return err
 	}
-	switch {
-	case fs.NArg() > 1:
-		return usagef("at most one task id")
-	case fs.NArg() == 1 && len(queues.list) != 1:
-		return usagef("purge <id> needs --queue (one queue)")
-	case fs.NArg() == 1 && validate.TaskID(fs.Arg(0)) != nil:
-		return usagef("%v", validate.TaskID(fs.Arg(0)))
-	case !*yes:
+	if err := o.validateID("purge", fs.Args()); err != nil {
+		return err
+	}
+	if !o.yes {
 		return usagef("purge deletes dead tasks from both stores for good: add --yes")
 	}
-	if *batch < 1 || *batch > 1000 {
-		return usagef("--batch %d: 1..1000", *batch)
+	return o.validate(o.options())
+}
+
+// runDeadPurge calls internal/reconcile: the client's PurgeDead has no batch
+// and no single task.
+func runDeadPurge(ctx context.Context, m *Main, args []string) error {
+	var o deadOptions
+	if err := o.parsePurge(m, args); err != nil {
+		return err
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, BatchSize: *batch}
-	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
+	s, err := o.conn.openStores(ctx, true)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	if fs.NArg() == 1 {
-		q, id := queues.list[0], fs.Arg(0)
-		if err := reconcile.PurgeDeadTask(ctx, pool, dq, opts, q, id); err != nil {
+	defer s.close()
+	dq, err := s.dispatch()
+	if err != nil {
+		return err
+	}
+	if o.id != "" {
+		q, id := o.queueTask()
+		if err := reconcile.PurgeDeadTask(ctx, s.pool, dq, o.options(), q, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(m.Stdout, "purged %s/%s\n", q, id)
 		return nil
 	}
-	n, err := reconcile.PurgeDead(ctx, pool, dq, opts)
+	n, err := reconcile.PurgeDead(ctx, s.pool, dq, o.options())
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(m.Stdout, "purged %d dead tasks\n", n)
 	return nil
-}
-
-// cut shortens s to at most n bytes for a table cell.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "…"
 }

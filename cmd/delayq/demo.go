@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	"github.com/delayq/delayq/internal/demo"
@@ -58,15 +56,4 @@ func runDemo(ctx context.Context, m *Main, args []string) error {
 		return fmt.Errorf("demo: %w", err)
 	}
 	return nil
-}
-
-// isTerminal reports whether w is a character device (a terminal), where a
-// progress line that rewrites itself makes sense.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -3,87 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
-	"github.com/delayq/delayq/internal/taskstate"
-	"github.com/delayq/delayq/internal/transition"
-	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
-
-// taskFlags are the flags naming one task.
-type taskFlags struct {
-	queue, id string
-}
-
-func (t *taskFlags) register(fs *flagSet) {
-	fs.StringVar(&t.queue, "queue", "", "the task's queue (required)")
-	fs.StringVar(&t.id, "id", "", "the task id, unique in its queue (required)")
-}
-
-func (t *taskFlags) check() error {
-	if t.queue == "" || t.id == "" {
-		return usagef("--queue and --id are required (see --help)")
-	}
-	if err := validate.Queue(t.queue); err != nil {
-		return usagef("--queue: %v", err)
-	}
-	if err := validate.TaskID(t.id); err != nil {
-		return usagef("--id: %v", err)
-	}
-	return nil
-}
-
-// whenFlags are --delay and --at, of which one may be given.
-type whenFlags struct {
-	delay time.Duration
-	at    string
-}
-
-func (w *whenFlags) register(fs *flagSet) {
-	fs.DurationVar(&w.delay, "delay", 0, "run after this long, e.g. 90s, 15m, 2h")
-	fs.StringVar(&w.at, "at", "", "run at this time, RFC 3339, e.g. 2030-01-02T15:04:05Z")
-}
-
-// runAt returns the time given with --at (zero if none), or an error for both.
-func (w *whenFlags) parse(fs *flagSet) (delay time.Duration, at time.Time, given bool, err error) {
-	if isSet(fs, "delay") && w.at != "" {
-		return 0, time.Time{}, false, usagef("give --delay or --at, not both")
-	}
-	if w.delay < 0 {
-		return 0, time.Time{}, false, usagef("--delay %v: must not be negative", w.delay)
-	}
-	if w.at != "" {
-		at, err = time.Parse(time.RFC3339Nano, w.at)
-		if err != nil {
-			return 0, time.Time{}, false, usagef("--at %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", w.at)
-		}
-		// The library reads a zero run-at as "not set", that is now: a zero given
-		// here is an unset timestamp, not a wish.
-		if at.IsZero() {
-			return 0, time.Time{}, false, usagef("--at %q: %v: the zero time; leave --at out to run now", w.at, outbox.ErrInvalidRunAt)
-		}
-	}
-	return w.delay, at, isSet(fs, "delay") || w.at != "", nil
-}
-
-func isSet(fs *flagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
-}
-
-func newOutbox(schema string) (*outbox.Client, error) {
-	ob, err := outbox.New(outbox.Config{Schema: schema})
-	if err != nil {
-		return nil, usagef("--schema: %v", err)
-	}
-	return ob, nil
-}
 
 func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	var conn connFlags
@@ -171,66 +97,64 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	return nil
 }
 
-func runCancel(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var task taskFlags
+// cancelOptions is what 'delayq cancel' was asked.
+type cancelOptions struct {
+	conn connFlags
+	task taskFlags
+}
+
+func (o *cancelOptions) parse(m *Main, args []string) error {
 	fs := newFlagSet(m, "cancel", "cancel --queue q --id x",
 		"  delayq cancel --queue payment --id order-1001\n\n"+
 			"The outbox row (pending or queued) becomes cancelled: a worker that runs the task\n"+
 			"anyway cannot complete it. With a Redis URL the task is also removed from Redis at\n"+
 			"once; without one, the next reconcile removes it. A task that is done, dead or\n"+
 			"cancelled already is an error (exit 1).\n")
-	conn.register(fs, m, true, true)
-	task.register(fs)
+	o.conn.register(fs, m, true, true)
+	o.task.register(fs)
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if err := task.check(); err != nil {
+	return o.task.check()
+}
+
+// runCancel cancels through the client: in both stores with a Redis URL, else
+// in PostgreSQL alone, through the client's outbox.
+func runCancel(ctx context.Context, m *Main, args []string) error {
+	var o cancelOptions
+	if err := o.parse(m, args); err != nil {
 		return err
 	}
-	ob, err := newOutbox(conn.schema)
+	withRedis := o.conn.redisURL != ""
+	s, err := o.conn.openStores(ctx, withRedis)
 	if err != nil {
 		return err
 	}
-	if conn.redisURL != "" {
-		if err := checkRedisFlags(&conn); err != nil {
+	defer s.close()
+	q, id := o.task.queue, o.task.id
+	if !withRedis {
+		if err := s.client.Outbox().Cancel(ctx, s.pool, q, id); err != nil {
 			return err
 		}
-	}
-	pool, err := conn.openPostgres(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := ob.Cancel(ctx, pool, task.queue, task.id); err != nil {
-		return err
-	}
-	if conn.redisURL == "" {
-		fmt.Fprintf(m.Stdout, "cancelled %s/%s (no Redis URL: the next reconcile removes it from Redis)\n", task.queue, task.id)
+		fmt.Fprintf(m.Stdout, "cancelled %s/%s (no Redis URL: the next reconcile removes it from Redis)\n", q, id)
 		return nil
 	}
-	rdb, dq, err := openDelayq(ctx, &conn)
-	if err != nil {
-		return fmt.Errorf("cancelled %s/%s in Postgres, but: %w", task.queue, task.id, err)
+	if err := s.client.Cancel(ctx, q, id); err != nil {
+		return err
 	}
-	defer rdb.Close()
-	ops := transition.New(taskstate.New(taskstate.Config{Schema: ob.Config().Schema, NotifyChannel: ob.Config().NotifyChannel}), dq)
-	removed, err := ops.RemoveFinished(ctx, pool, task.queue, task.id)
-	if err != nil {
-		return fmt.Errorf("cancelled %s/%s in Postgres, but: %w", task.queue, task.id, err)
-	}
-	if removed {
-		fmt.Fprintf(m.Stdout, "cancelled %s/%s and removed it from Redis\n", task.queue, task.id)
-	} else {
-		fmt.Fprintf(m.Stdout, "cancelled %s/%s (it was not in Redis)\n", task.queue, task.id)
-	}
+	fmt.Fprintf(m.Stdout, "cancelled %s/%s and removed it from Redis (if Redis held it)\n", q, id)
 	return nil
 }
 
-func runReschedule(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var task taskFlags
-	var when whenFlags
+// rescheduleOptions is what 'delayq reschedule' was asked.
+type rescheduleOptions struct {
+	conn connFlags
+	task taskFlags
+	when whenFlags
+	at   time.Time
+}
+
+func (o *rescheduleOptions) parse(m *Main, args []string) error {
 	fs := newFlagSet(m, "reschedule", "reschedule --queue q --id x (--delay d | --at t)",
 		"  delayq reschedule --queue payment --id order-1001 --delay 1h\n"+
 			"  delayq reschedule --queue report --id 2030-01 --at 2030-02-02T06:00:00Z\n\n"+
@@ -238,16 +162,16 @@ func runReschedule(ctx context.Context, m *Main, args []string) error {
 			"goes back to pending: the relay replaces the task in Redis, and a worker running\n"+
 			"the old version cannot complete it. Attempts so far are kept. --delay counts from\n"+
 			"now on this machine's clock.\n")
-	conn.register(fs, m, true, false)
-	task.register(fs)
-	when.register(fs)
+	o.conn.register(fs, m, true, false)
+	o.task.register(fs)
+	o.when.register(fs)
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if err := task.check(); err != nil {
+	if err := o.task.check(); err != nil {
 		return err
 	}
-	delay, at, given, err := when.parse(fs)
+	delay, at, given, err := o.when.parse(fs)
 	if err != nil {
 		return err
 	}
@@ -257,21 +181,28 @@ func runReschedule(ctx context.Context, m *Main, args []string) error {
 	if at.IsZero() {
 		at = time.Now().Add(delay)
 	}
-	ob, err := newOutbox(conn.schema)
+	o.at = at
+	return nil
+}
+
+// runReschedule reschedules through the client (PostgreSQL alone: the relay
+// replaces the task in Redis).
+func runReschedule(ctx context.Context, m *Main, args []string) error {
+	var o rescheduleOptions
+	if err := o.parse(m, args); err != nil {
+		return err
+	}
+	s, err := o.conn.openStores(ctx, false)
 	if err != nil {
 		return err
 	}
-	pool, err := conn.openPostgres(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := ob.Reschedule(ctx, pool, task.queue, task.id, at); err != nil {
+	defer s.close()
+	if err := s.client.Reschedule(ctx, o.task.queue, o.task.id, o.at); err != nil {
 		if isUsage(err) {
 			return usagef("%v", err)
 		}
 		return err
 	}
-	fmt.Fprintf(m.Stdout, "rescheduled %s/%s to %s\n", task.queue, task.id, at.UTC().Format(time.RFC3339Nano))
+	fmt.Fprintf(m.Stdout, "rescheduled %s/%s to %s\n", o.task.queue, o.task.id, o.at.UTC().Format(time.RFC3339Nano))
 	return nil
 }

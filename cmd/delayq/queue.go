@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/delayq/delayq/control"
-	"github.com/delayq/delayq/internal/reconcile"
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -69,57 +66,69 @@ func runQueue(ctx context.Context, m *Main, args []string) error {
 	return usagef("unknown action %q: want pause, resume, limit, shards or list", args[0])
 }
 
-func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args []string) error {
-	var conn connFlags
-	fs := newFlagSet(m, "queue "+action, "queue "+action+" [flags] QUEUE",
-		"  delayq queue "+action+" payment\n")
-	conn.register(fs, m, true, true)
-	if err := parseArgs(fs, args, 1); err != nil {
-		return err
-	}
-	queue := fs.Arg(0)
-	if err := validate.Queue(queue); err != nil {
-		return usagef("%v", err)
-	}
-	state := "paused"
-	if !paused {
-		state = "resumed"
-	}
-	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
-		if paused {
-			return q.Pause(ctx, queue)
-		}
-		return q.Resume(ctx, queue)
-	}, queue+" "+state)
+// queueOptions is what 'delayq queue ACTION' was asked.
+type queueOptions struct {
+	conn   connFlags
+	queue  string
+	rate   delayqtype.RateLimit // limit
+	shards int                  // shards
+	json   bool                 // list
 }
 
+// parse parses the flags and the positional arguments (the queue first) of
+// action, and checks the queue's name.
+func (o *queueOptions) parse(fs *flagSet, m *Main, args []string, positional int) error {
+	o.conn.register(fs, m, true, true)
+	if err := parseArgs(fs, args, positional); err != nil {
+		return err
+	}
+	if positional == 0 {
+		return nil
+	}
+	o.queue = fs.Arg(0)
+	if err := validate.Queue(o.queue); err != nil {
+		return usagef("%v", err)
+	}
+	return nil
+}
+
+// runQueueSet pauses or resumes through the client.
+func runQueueSet(ctx context.Context, m *Main, action string, paused bool, args []string) error {
+	var o queueOptions
+	fs := newFlagSet(m, "queue "+action, "queue "+action+" [flags] QUEUE",
+		"  delayq queue "+action+" payment\n")
+	if err := o.parse(fs, m, args, 1); err != nil {
+		return err
+	}
+	if paused {
+		return o.change(ctx, m, (*delayq.Client).Pause, o.queue+" paused")
+	}
+	return o.change(ctx, m, (*delayq.Client).Resume, o.queue+" resumed")
+}
+
+// runQueueLimit sets the rate limit through the client.
 func runQueueLimit(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
+	var o queueOptions
 	fs := newFlagSet(m, "queue limit", "queue limit [flags] QUEUE RATE",
 		"  delayq queue limit payment 100/s\n  delayq queue limit mail 6000/1m --burst 50\n  delayq queue limit payment none\n\n"+
 			"RATE is N/PERIOD: at most N starts per PERIOD (1ms to years: 10/s, 100/1s, 6000/1m,\n"+
 			"5/250ms), spaced PERIOD/N apart, across every worker; none (or 0) lifts the limit.\n")
-	conn.register(fs, m, true, true)
 	burst := fs.Int("burst", 0, "starts allowed one right after the other, after an idle spell or a late wake-up\n(1.."+fmt.Sprint(validate.MaxRateBurst)+"; 0: the starts of 100ms at the limit, at least 1)")
-	if err := parseArgs(fs, args, 2); err != nil {
+	if err := o.parse(fs, m, args, 2); err != nil {
 		return err
-	}
-	queue := fs.Arg(0)
-	if err := validate.Queue(queue); err != nil {
-		return usagef("%v", err)
 	}
 	rate, err := parseRate(fs.Arg(1))
 	if err != nil {
 		return usagef("%v", err)
 	}
 	rate.Burst = *burst
-	rate = rate.WithDefaults()
-	if err := rate.Validate(); err != nil {
+	o.rate = rate.WithDefaults()
+	if err := o.rate.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
-		return q.SetRateLimit(ctx, queue, rate)
-	}, queue+" rate limit "+rate.String())
+	return o.change(ctx, m, func(c *delayq.Client, ctx context.Context, queue string) (delayqtype.QueueControl, error) {
+		return c.SetRateLimit(ctx, queue, o.rate)
+	}, o.queue+" rate limit "+o.rate.String())
 }
 
 const queueShardsHelp = `  delayq queue shards payment 8
@@ -136,16 +145,12 @@ to Redis; every running worker and relay picks it up within seconds. Setting
 the count the queue has already changes nothing.
 `
 
+// runQueueShards sets the shard count through the client.
 func runQueueShards(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
+	var o queueOptions
 	fs := newFlagSet(m, "queue shards", "queue shards [flags] QUEUE N", queueShardsHelp)
-	conn.register(fs, m, true, true)
-	if err := parseArgs(fs, args, 2); err != nil {
+	if err := o.parse(fs, m, args, 2); err != nil {
 		return err
-	}
-	queue := fs.Arg(0)
-	if err := validate.Queue(queue); err != nil {
-		return usagef("%v", err)
 	}
 	n, err := strconv.Atoi(fs.Arg(1))
 	if err != nil {
@@ -154,9 +159,10 @@ func runQueueShards(ctx context.Context, m *Main, args []string) error {
 	if err := validate.Shards(n); err != nil {
 		return usagef("%v", err)
 	}
-	return setControls(ctx, m, &conn, func(q *control.Queues) (control.Control, error) {
-		return q.SetShards(ctx, queue, n)
-	}, fmt.Sprintf("%s shards %d", queue, n))
+	o.shards = n
+	return o.change(ctx, m, func(c *delayq.Client, ctx context.Context, queue string) (delayqtype.QueueControl, error) {
+		return c.SetShards(ctx, queue, o.shards)
+	}, fmt.Sprintf("%s shards %d", o.queue, n))
 }
 
 // parseRate reads N/PERIOD ("100/s", "6000/1m", "5/250ms"), or none (or 0).
@@ -189,23 +195,17 @@ func parseRate(s string) (validate.RateLimit, error) {
 	return r, nil
 }
 
-// setControls runs one control operation (package control: Postgres, the
-// truth, then Redis's copy at the new version) and prints done.
-func setControls(ctx context.Context, m *Main, conn *connFlags, change func(*control.Queues) (control.Control, error), done string) error {
-	pool, dq, closeAll, err := openStores(ctx, conn, reconcile.Options{Schema: conn.schema}, true)
+// change makes one change of o.queue's controls through the client
+// (PostgreSQL, the truth, then Redis's copy at the new version) and prints done.
+func (o *queueOptions) change(ctx context.Context, m *Main,
+	set func(*delayq.Client, context.Context, string) (delayqtype.QueueControl, error), done string,
+) error {
+	s, err := o.conn.openStores(ctx, true)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	ob, err := newOutbox(conn.schema)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	q, err := control.New(pool, ob, dq)
-	if err != nil {
-		return err
-	}
-	if _, err := change(q); err != nil {
+	defer s.close()
+	if _, err := set(s.client, ctx, o.queue); err != nil {
 		return err
 	}
 	fmt.Fprintln(m.Stdout, done)
@@ -236,26 +236,27 @@ func rateText(r validate.RateLimit) string {
 	return fmt.Sprintf("%d/%v", r.Limit, r.Period)
 }
 
+// runQueueList lists the controls through the client, and Redis's copy of
+// them through internal/dispatch (the client shows PostgreSQL's alone).
 func runQueueList(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
+	var o queueOptions
 	fs := newFlagSet(m, "queue list", "queue list [flags]",
 		"  delayq queue list\n  delayq queue list --json\n\n"+
 			"PAUSED, LIMIT and SHARDS are PostgreSQL's (the truth), REDIS what the claim script sees.\n")
-	conn.register(fs, m, true, true)
-	asJSON := fs.Bool("json", false, "print the list as JSON")
-	if err := parseArgs(fs, args, 0); err != nil {
+	fs.BoolVar(&o.json, "json", false, "print the list as JSON")
+	if err := o.parse(fs, m, args, 0); err != nil {
 		return err
 	}
-	pool, dq, closeAll, err := openStores(ctx, &conn, reconcile.Options{Schema: conn.schema}, true)
+	s, err := o.conn.openStores(ctx, true)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	ob, err := newOutbox(conn.schema)
+	defer s.close()
+	dq, err := s.dispatch()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
-	ctls, err := ob.QueueControls(ctx, pool)
+	ctls, err := s.client.Queues(ctx)
 	if err != nil {
 		return err
 	}
@@ -274,15 +275,14 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		}
 		rows = append(rows, row)
 	}
-	if *asJSON {
+	if o.json {
 		return writeJSON(m.Stdout, rows)
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(m.Stdout, "no queue was ever paused, limited or sharded")
 		return nil
 	}
-	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPAUSED\tLIMIT\tBURST\tSHARDS\tREDIS\tVERSION\tUPDATED")
+	tw := newTable(m.Stdout, "QUEUE\tPAUSED\tLIMIT\tBURST\tSHARDS\tREDIS\tVERSION\tUPDATED")
 	yes := func(b bool) string {
 		if b {
 			return "yes"
@@ -308,12 +308,8 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 // pausedQueues tells, for stats, whether each queue is paused as Postgres says:
 // "yes" or "no"; "-" for every queue when the controls cannot be read (an outbox
 // not migrated to 00004 yet).
-func pausedQueues(ctx context.Context, pool *pgxpool.Pool, schema string) func(queue string) string {
-	ob, err := newOutbox(schema)
-	if err != nil {
-		return func(string) string { return "-" }
-	}
-	ctls, err := ob.QueueControls(ctx, pool)
+func pausedQueues(ctx context.Context, c *delayq.Client) func(queue string) string {
+	ctls, err := c.Queues(ctx)
 	if err != nil {
 		return func(string) string { return "-" }
 	}

@@ -3,46 +3,67 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
-	"time"
 
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/reconcile"
 )
 
-func runStats(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var queues queueList
-	fs := newFlagSet(m, "stats", "stats [flags]",
-		"  delayq stats                            # every queue, as a table\n"+
-			"  delayq stats --queue payment --json     # one queue, as JSON\n\n"+
-			"Columns: outbox rows by state (Postgres); READY (due or not), DUE (due now),\n"+
-			"ACTIVE (leased), EXPIRED (leases past their deadline, for the reaper) and R-DEAD\n"+
-			"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n"+
-			"relay; LATENESS: how long the earliest ready task has been due (worker lag);\n"+
-			"OVERDUE: ready tasks due more than a minute ago and not claimed.\n"+
-			"PENDING, QUEUED and DEAD are exact (counted over their indexes). Above\n"+
-			"50,000 outbox rows DONE and CANCELLED are estimates from the planner's\n"+
-			"statistics (marked ~; \"estimated\": true in JSON); --exact counts them,\n"+
-			"reading every row.\n")
-	conn.register(fs, m, true, true)
-	fs.Var(&queues, "queue", "only this queue (repeat, or comma-separated; default: every queue)")
-	asJSON := fs.Bool("json", false, "print the figures as JSON")
-	exact := fs.Bool("exact", false, "count the done and cancelled rows exactly, reading every row (default: estimated above 50,000 rows)")
+// statsOptions is what 'delayq stats' was asked.
+type statsOptions struct {
+	scanFlags
+	json, exact bool
+}
+
+const statsHelp = "  delayq stats                            # every queue, as a table\n" +
+	"  delayq stats --queue payment --json     # one queue, as JSON\n\n" +
+	"Columns: outbox rows by state (Postgres); READY (due or not), DUE (due now),\n" +
+	"ACTIVE (leased), EXPIRED (leases past their deadline, for the reaper) and R-DEAD\n" +
+	"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n" +
+	"relay; LATENESS: how long the earliest ready task has been due (worker lag);\n" +
+	"OVERDUE: ready tasks due more than a minute ago and not claimed.\n" +
+	"PENDING, QUEUED and DEAD are exact (counted over their indexes). Above\n" +
+	"50,000 outbox rows DONE and CANCELLED are estimates from the planner's\n" +
+	"statistics (marked ~; \"estimated\": true in JSON); --exact counts them,\n" +
+	"reading every row.\n"
+
+func (o *statsOptions) parse(m *Main, args []string) error {
+	fs := newFlagSet(m, "stats", "stats [flags]", statsHelp)
+	o.register(fs, m, true, "only this queue (repeat, or comma-separated; default: every queue)")
+	fs.BoolVar(&o.json, "json", false, "print the figures as JSON")
+	fs.BoolVar(&o.exact, "exact", false, "count the done and cancelled rows exactly, reading every row (default: estimated above 50,000 rows)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	opts := reconcile.Options{Queues: queues.list, Schema: conn.schema, ExactCounts: *exact}
-	pool, dq, closeAll, err := openStores(ctx, &conn, opts, true)
+	return o.validate(o.options())
+}
+
+func (o *statsOptions) options() reconcile.Options {
+	opts := o.scanFlags.options()
+	opts.ExactCounts = o.exact
+	return opts
+}
+
+// runStats calls internal/reconcile for the counts (the client's Stats has no
+// exact counts) and the client for the pauses.
+func runStats(ctx context.Context, m *Main, args []string) error {
+	var o statsOptions
+	if err := o.parse(m, args); err != nil {
+		return err
+	}
+	s, err := o.conn.openStores(ctx, true)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
-	st, err := reconcile.Stats(ctx, pool, dq, opts)
+	defer s.close()
+	dq, err := s.dispatch()
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	st, err := reconcile.Stats(ctx, s.pool, dq, o.options())
+	if err != nil {
+		return err
+	}
+	if o.json {
 		if st == nil {
 			st = []reconcile.QueueStats{}
 		}
@@ -52,9 +73,8 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 		fmt.Fprintln(m.Stdout, "no queues")
 		return nil
 	}
-	paused := pausedQueues(ctx, pool, conn.schema) // queue.go
-	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
+	paused := pausedQueues(ctx, s.client) // queue.go
+	tw := newTable(m.Stdout, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
 	for _, s := range st {
 		p := s.Postgres
 		mark := ""
@@ -67,17 +87,4 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}
 	return tw.Flush()
-}
-
-// age prints a lag for a table: "-" for none, else rounded to what matters.
-func age(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "-"
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
 }

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/sidecar"
+)
+
+// sidecarDeps is what the long-running commands (relay, worker) connect to: both
+// servers, a delayq client and a Prometheus registry with the process collectors.
+type sidecarDeps struct {
+	pool *pgxpool.Pool
+	rdb  redis.UniversalClient
+	dq   *dispatch.Client
+	reg  *prometheus.Registry
+}
+
+func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*sidecarDeps, error) {
+	pool, err := c.openPostgres(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := c.openRedis(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: c.prefix, Logger: logger})
+	if err != nil {
+		pool.Close()
+		_ = rdb.Close()
+		return nil, usagef("%v", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &sidecarDeps{pool: pool, rdb: rdb, dq: dq, reg: reg}, nil
+}
+
+// startAdmin serves /metrics, /healthz and /readyz (both servers checked, and the
+// extra checks) on listen; an empty listen serves nothing and returns nil.
+func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger, extra ...sidecar.Check) (*sidecar.Server, error) {
+	return s.startAdminUI(listen, logger, nil, extra...)
+}
+
+// startAdminUI is startAdmin that also serves the dashboard ui (nil: none) under
+// sidecar.UIPath.
+func (s *sidecarDeps) startAdminUI(listen string, logger *slog.Logger, ui http.Handler, extra ...sidecar.Check) (*sidecar.Server, error) {
+	if listen == "" {
+		return nil, nil
+	}
+	return sidecar.Start(sidecar.Config{
+		Addr:     listen,
+		Gatherer: s.reg,
+		Checks:   append([]sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)}, extra...),
+		Logger:   logger,
+		UI:       ui,
+	})
+}
+
+func (s *sidecarDeps) close() {
+	s.pool.Close()
+	_ = s.rdb.Close()
+}
