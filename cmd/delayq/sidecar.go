@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,4 +70,41 @@ func (s *sidecarDeps) startAdminUI(listen string, logger *slog.Logger, ui http.H
 func (s *sidecarDeps) close() {
 	s.pool.Close()
 	_ = s.rdb.Close()
+}
+
+// stopAdmin shuts the admin server down (nil: there is none) once the run
+// ended with runErr, and returns runErr, else the shutdown's error.
+func stopAdmin(ctx context.Context, admin *sidecar.Server, runErr error) error {
+	if admin == nil {
+		return runErr
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := admin.Shutdown(sctx); err != nil && runErr == nil {
+		return fmt.Errorf("admin server shutdown: %w", err)
+	}
+	return runErr
+}
+
+func adminAddr(s *sidecar.Server) string {
+	if s == nil {
+		return "off"
+	}
+	return "http://" + s.Addr()
+}
+
+// newLogger makes the process logger on standard error.
+func newLogger(m *Main, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(m.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(m.Stderr, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", format)
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/outbox"
 )
 
 // DefaultWorkerAddr is the worker command's admin address: the relay's port + 1,
@@ -30,26 +29,24 @@ const execKillDelay = 10 * time.Second
 // last error (the end of it, where the reason usually is).
 const errorTailBytes = 300
 
-func runWorker(ctx context.Context, m *Main, args []string) error {
-	var (
-		conn            connFlags
-		queues          string
-		command         string
-		concurrency     int
-		lease           time.Duration
-		heartbeat       time.Duration
-		shutdownTimeout time.Duration
-		maxAttempts     int
-		backoffBase     time.Duration
-		backoffMax      time.Duration
-		deadExit        int
-		clearPayload    bool
-		listen          string
-		logFormat       string
-		logLevel        string
-		weights         string
-		strict          bool
-	)
+// workerOptions is what 'delayq worker' was asked: the flags, and the
+// library's configs built from them.
+type workerOptions struct {
+	conn                           connFlags
+	queueSpec, command, weights    string
+	concurrency, maxAttempts, dead int
+	lease, heartbeat, shutdown     time.Duration
+	backoffBase, backoffMax        time.Duration
+	clearPayload, strict           bool
+	listen, logFormat, logLevel    string
+
+	queues []string
+	worker delayq.WorkerConfig
+	queue  delayq.QueueConfig
+	group  *delayq.PriorityGroup // nil without --weights
+}
+
+func (o *workerOptions) parse(m *Main, args []string) error {
 	fs := newFlagSet(m, "worker", "worker --queue NAME[,NAME...] --exec COMMAND [flags]",
 		"  delayq worker --queue mail --exec 'sendmail -t'              # payload on stdin\n"+
 			"  delayq worker --queue hooks --exec './deliver.sh' --concurrency 50 --dead-exit-code 65\n"+
@@ -71,128 +68,134 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 			"with tasks due in proportion to their weights (6:3:1 above: 60 %, 30 %, 10 % of\n"+
 			"the starts while each has a backlog), or with --strict to the highest weight\n"+
 			"first, a lower queue only while every higher one has nothing due.\n")
-	conn.register(fs, m, true, true)
-	fs.StringVar(&queues, "queue", "", "comma-separated queues to work on (required)")
-	fs.StringVar(&command, "exec", "", "shell command run for each task (required)")
-	fs.IntVar(&concurrency, "concurrency", 10, "commands running at once, per queue (1..1000)")
-	fs.DurationVar(&lease, "lease", 5*time.Second, "lease of a claimed task; heartbeats renew it while the command runs")
-	fs.DurationVar(&heartbeat, "heartbeat", 0, "lease renewal interval (default lease/3)")
-	fs.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running commands may finish before they are stopped and their tasks handed back")
-	fs.IntVar(&maxAttempts, "max-attempts", 0, "cap on the runs of a task (default: the task's own, set at enqueue)")
-	fs.DurationVar(&backoffBase, "backoff-base", time.Second, "retry delay after the first failure; doubles with each attempt, jittered into [d/2, d]")
-	fs.DurationVar(&backoffMax, "backoff-max", time.Hour, "longest retry delay")
-	fs.IntVar(&deadExit, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
-	fs.BoolVar(&clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
-	fs.StringVar(&listen, "listen", DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
-	fs.StringVar(&weights, "weights", "", "NAME=WEIGHT,... for every --queue (weights 1..1000): the queues share --concurrency slots by weight (default: each queue its own --concurrency)")
-	fs.BoolVar(&strict, "strict", false, "with --weights: strict priority, the highest weight with tasks due first")
-	fs.StringVar(&logFormat, "log-format", "text", "log format on standard error: text or json")
-	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	o.conn.register(fs, m, true, true)
+	fs.StringVar(&o.queueSpec, "queue", "", "comma-separated queues to work on (required)")
+	fs.StringVar(&o.command, "exec", "", "shell command run for each task (required)")
+	fs.IntVar(&o.concurrency, "concurrency", 10, "commands running at once, per queue (1..1000)")
+	fs.DurationVar(&o.lease, "lease", 5*time.Second, "lease of a claimed task; heartbeats renew it while the command runs")
+	fs.DurationVar(&o.heartbeat, "heartbeat", 0, "lease renewal interval (default lease/3)")
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long running commands may finish before they are stopped and their tasks handed back")
+	fs.IntVar(&o.maxAttempts, "max-attempts", 0, "cap on the runs of a task (default: the task's own, set at enqueue)")
+	fs.DurationVar(&o.backoffBase, "backoff-base", time.Second, "retry delay after the first failure; doubles with each attempt, jittered into [d/2, d]")
+	fs.DurationVar(&o.backoffMax, "backoff-max", time.Hour, "longest retry delay")
+	fs.IntVar(&o.dead, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
+	fs.BoolVar(&o.clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
+	fs.StringVar(&o.listen, "listen", DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
+	fs.StringVar(&o.weights, "weights", "", "NAME=WEIGHT,... for every --queue (weights 1..1000): the queues share --concurrency slots by weight (default: each queue its own --concurrency)")
+	fs.BoolVar(&o.strict, "strict", false, "with --weights: strict priority, the highest weight with tasks due first")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format on standard error: text or json")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		return usagef("unexpected argument %q (see --help)", fs.Arg(0))
 	}
-	if strings.TrimSpace(command) == "" {
+	return o.validate()
+}
+
+// validate checks the flags and builds the library's configs, checked by
+// their own Validate.
+func (o *workerOptions) validate() error {
+	if strings.TrimSpace(o.command) == "" {
 		return usagef("--exec is required: the command to run for each task (see --help)")
 	}
-	var names []string
-	for q := range strings.SplitSeq(queues, ",") {
+	for q := range strings.SplitSeq(o.queueSpec, ",") {
 		if q = strings.TrimSpace(q); q != "" {
 			if err := validate.Queue(q); err != nil {
 				return usagef("--queue: %v", err)
 			}
-			names = append(names, q)
+			o.queues = append(o.queues, q)
 		}
 	}
-	if len(names) == 0 {
+	if len(o.queues) == 0 {
 		return usagef("--queue is required: the queues to work on (see --help)")
 	}
-	if concurrency < 1 {
-		return usagef("--concurrency %d: 1..1000", concurrency)
+	if o.concurrency < 1 {
+		return usagef("--concurrency %d: 1..1000", o.concurrency)
 	}
-	group, err := parseWeights(weights, strict, names, concurrency)
-	if err != nil {
+	var err error
+	if o.group, err = parseWeights(o.weights, o.strict, o.queues, o.concurrency); err != nil {
 		return err
 	}
-	if deadExit < 0 || deadExit > 255 {
-		return usagef("--dead-exit-code %d: 1..255, or 0 for none", deadExit)
+	if o.dead < 0 || o.dead > 255 {
+		return usagef("--dead-exit-code %d: 1..255, or 0 for none", o.dead)
 	}
-	logger, err := newLogger(m, logFormat, logLevel)
-	if err != nil {
-		return err
-	}
-	if heartbeat == 0 {
-		heartbeat = lease / 3
-	}
-	cfg := delayq.WorkerConfig{Lease: lease, HeartbeatInterval: heartbeat, ShutdownTimeout: shutdownTimeout, Logger: logger}
-	if shutdownTimeout == 0 {
-		cfg.ShutdownTimeout = -1
-	}
-	qcfg := delayq.QueueConfig{
-		Concurrency: concurrency, MaxAttempts: maxAttempts, ClearPayload: clearPayload,
-		Backoff: delayq.Backoff{Base: backoffBase, Max: backoffMax},
+	if o.heartbeat == 0 {
+		o.heartbeat = o.lease / 3
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"lease", lease}, {"heartbeat", heartbeat}, {"shutdown-timeout", shutdownTimeout}, {"backoff-base", backoffBase}, {"backoff-max", backoffMax}} {
+	}{{"lease", o.lease}, {"heartbeat", o.heartbeat}, {"shutdown-timeout", o.shutdown}, {"backoff-base", o.backoffBase}, {"backoff-max", o.backoffMax}} {
 		if d.v < 0 || d.v == 0 && d.name != "shutdown-timeout" {
 			return usagef("--%s %v: must be positive", d.name, d.v)
 		}
 	}
-	for _, err := range []error{cfg.Validate(), qcfg.Validate()} {
+	o.worker = delayq.WorkerConfig{Lease: o.lease, HeartbeatInterval: o.heartbeat, ShutdownTimeout: o.shutdown}
+	if o.shutdown == 0 {
+		o.worker.ShutdownTimeout = -1
+	}
+	o.queue = delayq.QueueConfig{
+		Concurrency: o.concurrency, MaxAttempts: o.maxAttempts, ClearPayload: o.clearPayload,
+		Backoff: delayq.Backoff{Base: o.backoffBase, Max: o.backoffMax},
+	}
+	for _, err := range []error{o.worker.Validate(), o.queue.Validate()} {
 		if err != nil {
-			return usagef("%s", strings.TrimPrefix(err.Error(), delayq.ErrInvalidConfig.Error()+": "))
+			return usagef("%s", libraryMessage(err, delayq.ErrInvalidConfig))
 		}
 	}
-	ob, err := outbox.New(outbox.Config{Schema: conn.schema})
-	if err != nil {
-		return usagef("%v", err)
+	if _, err := newOutbox(o.conn.schema); err != nil {
+		return err
 	}
+	return nil
+}
 
-	deps, err := conn.openSidecar(ctx, logger)
+// runWorker runs delayq.NewWorker, not the client: the client has no priority
+// group (--weights) and no raw-payload handler.
+func runWorker(ctx context.Context, m *Main, args []string) error {
+	var o workerOptions
+	if err := o.parse(m, args); err != nil {
+		return err
+	}
+	logger, err := newLogger(m, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	ob, err := newOutbox(o.conn.schema)
+	if err != nil {
+		return err
+	}
+	deps, err := o.conn.openSidecar(ctx, logger)
 	if err != nil {
 		return err
 	}
 	defer deps.close()
-	cfg.Registerer = deps.reg
-	w, err := clientkit.NewClient(deps.pool, deps.dq, ob, cfg)
+	o.worker.Logger, o.worker.Registerer = logger, deps.reg
+	w, err := clientkit.NewClient(deps.pool, deps.dq, ob, o.worker)
 	if err != nil {
 		return err
 	}
-	h := execHandler{command: command, deadExit: deadExit}
-	for _, q := range names {
-		if err := w.Handle(q, h.handle, qcfg); err != nil {
+	h := execHandler{command: o.command, deadExit: o.dead}
+	for _, q := range o.queues {
+		if err := w.Handle(q, h.handle, o.queue); err != nil {
 			return usagef("%v", err)
 		}
 	}
-	if group != nil {
-		if err := w.Prioritize(*group); err != nil {
+	if o.group != nil {
+		if err := w.Prioritize(*o.group); err != nil {
 			return usagef("--weights: %v", err)
 		}
 	}
-
-	admin, err := deps.startAdmin(listen, logger)
+	admin, err := deps.startAdmin(o.listen, logger)
 	if err != nil {
 		return err
 	}
-	eff := w.Config()
 	logger.Info("worker: starting",
-		"database", redactURL(conn.databaseURL), "redis", redactURL(conn.redisURL),
-		"schema", conn.schema, "prefix", conn.prefix, "queues", strings.Join(names, ","),
-		"concurrency", concurrency, "weights", weights, "strict", strict, "lease", eff.Worker.Lease.String(), "admin", adminAddr(admin))
-
-	runErr := w.Run(ctx)
-	if admin != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := admin.Shutdown(sctx); err != nil && runErr == nil {
-			runErr = fmt.Errorf("admin server shutdown: %w", err)
-		}
-	}
-	return runErr
+		"database", redactURL(o.conn.databaseURL), "redis", redactURL(o.conn.redisURL),
+		"schema", o.conn.schema, "prefix", o.conn.prefix, "queues", strings.Join(o.queues, ","),
+		"concurrency", o.concurrency, "weights", o.weights, "strict", o.strict, "lease", w.Config().Worker.Lease.String(), "admin", adminAddr(admin))
+	return stopAdmin(ctx, admin, w.Run(ctx))
 }
 
 // execHandler runs a shell command per task.
