@@ -11,10 +11,19 @@ import (
 	"github.com/delayq/delayq/outbox"
 )
 
-func runEnqueue(ctx context.Context, m *Main, args []string) error {
-	var conn connFlags
-	var task taskFlags
-	var when whenFlags
+// enqueueOptions is what 'delayq enqueue' was asked, and the task built from it.
+type enqueueOptions struct {
+	conn                          connFlags
+	task                          taskFlags
+	when                          whenFlags
+	payload, payloadFile, startBy string
+	maxAttempts, priority         int
+	payloadGiven                  bool
+
+	t outbox.Task
+}
+
+func (o *enqueueOptions) parse(m *Main, args []string) error {
 	fs := newFlagSet(m, "enqueue",
 		"enqueue --queue q --id x [--delay d | --at t] [--start-by t] [--payload s | --payload-file f] [--max-attempts n]",
 		"  delayq enqueue --queue payment --id order-1001 --delay 15m --payload '{\"order\":1001}'\n"+
@@ -26,61 +35,82 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 			"the exit code is 0. The payload is not checked against the queue's payload type\n"+
 			"(the CLI cannot know it): a typed worker makes a task whose JSON has a field its\n"+
 			"type lacks, or fails its Validate, dead at once, with the reason.\n")
-	conn.register(fs, m, true, false)
-	task.register(fs)
-	when.register(fs)
-	payload := fs.String("payload", "", "the payload, as given")
-	payloadFile := fs.String("payload-file", "", "read the payload from this file ('-': standard input)")
-	maxAttempts := fs.Int("max-attempts", 0, "runs before the task is dead (0: the outbox default, 25)")
-	startBy := fs.String("start-by", "", "the latest start, RFC 3339, not before the due time: a task that cannot start by then is dead with the reason, never run late")
-	priority := fs.Int("priority", 0, "0..9: among the queue's due tasks, higher runs first (0: the default, the lowest)")
+	o.conn.register(fs, m, true, false)
+	o.task.register(fs)
+	o.when.register(fs)
+	fs.StringVar(&o.payload, "payload", "", "the payload, as given")
+	fs.StringVar(&o.payloadFile, "payload-file", "", "read the payload from this file ('-': standard input)")
+	fs.IntVar(&o.maxAttempts, "max-attempts", 0, "runs before the task is dead (0: the outbox default, 25)")
+	fs.StringVar(&o.startBy, "start-by", "", "the latest start, RFC 3339, not before the due time: a task that cannot start by then is dead with the reason, never run late")
+	fs.IntVar(&o.priority, "priority", 0, "0..9: among the queue's due tasks, higher runs first (0: the default, the lowest)")
 	if err := parseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if err := task.check(); err != nil {
+	o.payloadGiven = isSet(fs, "payload")
+	if err := o.task.check(); err != nil {
 		return err
 	}
-	delay, at, _, err := when.parse(fs)
+	delay, at, _, err := o.when.parse(fs)
 	if err != nil {
 		return err
 	}
-	if isSet(fs, "payload") && *payloadFile != "" {
+	o.t = outbox.Task{Queue: o.task.queue, ID: o.task.id, Delay: delay, RunAt: at, MaxAttempts: o.maxAttempts, Priority: o.priority}
+	return o.validate()
+}
+
+// validate reads the payload and checks the task by the outbox's rules.
+func (o *enqueueOptions) validate() error {
+	if o.payloadGiven && o.payloadFile != "" {
 		return usagef("give --payload or --payload-file, not both")
 	}
-	body := []byte(*payload)
-	switch *payloadFile {
+	var err error
+	o.t.Payload = []byte(o.payload)
+	switch o.payloadFile {
 	case "":
 	case "-":
-		if body, err = io.ReadAll(os.Stdin); err != nil {
+		if o.t.Payload, err = io.ReadAll(os.Stdin); err != nil {
 			return fmt.Errorf("read the payload from standard input: %w", err)
 		}
 	default:
-		if body, err = os.ReadFile(*payloadFile); err != nil {
+		if o.t.Payload, err = os.ReadFile(o.payloadFile); err != nil {
 			return fmt.Errorf("read the payload: %w", err)
 		}
 	}
-	ob, err := newOutbox(conn.schema)
+	if o.startBy != "" {
+		if o.t.StartBy, err = time.Parse(time.RFC3339Nano, o.startBy); err != nil {
+			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", o.startBy)
+		}
+		if o.t.StartBy.IsZero() { // the library reads it as "no deadline"
+			return usagef("--start-by %q: %v: the zero time; leave --start-by out for no deadline", o.startBy, outbox.ErrInvalidStartBy)
+		}
+	}
+	ob, err := newOutbox(o.conn.schema)
 	if err != nil {
 		return err
 	}
-	t := outbox.Task{Queue: task.queue, ID: task.id, Payload: body, Delay: delay, RunAt: at, MaxAttempts: *maxAttempts, Priority: *priority}
-	if *startBy != "" {
-		if t.StartBy, err = time.Parse(time.RFC3339Nano, *startBy); err != nil {
-			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", *startBy)
-		}
-		if t.StartBy.IsZero() { // the library reads it as "no deadline"
-			return usagef("--start-by %q: %v: the zero time; leave --start-by out for no deadline", *startBy, outbox.ErrInvalidStartBy)
-		}
-	}
-	if err := ob.Validate(t); err != nil {
+	if err := ob.Validate(o.t); err != nil {
 		return usagef("%v", err)
 	}
-	pool, err := conn.openPostgres(ctx)
+	return nil
+}
+
+// runEnqueue enqueues through package outbox, the producer that needs no
+// Redis.
+func runEnqueue(ctx context.Context, m *Main, args []string) error {
+	var o enqueueOptions
+	if err := o.parse(m, args); err != nil {
+		return err
+	}
+	ob, err := newOutbox(o.conn.schema)
+	if err != nil {
+		return err
+	}
+	pool, err := o.conn.openPostgres(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	res, err := ob.Enqueue(ctx, pool, t)
+	res, err := ob.Enqueue(ctx, pool, o.t)
 	if errors.Is(err, outbox.ErrInvalidStartBy) {
 		// Refused by the statement: before now plus --delay on the database clock,
 		// or already past.
@@ -90,10 +120,10 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	if res.Duplicate {
-		fmt.Fprintf(m.Stdout, "duplicate: %s/%s exists already; nothing changed\n", task.queue, task.id)
+		fmt.Fprintf(m.Stdout, "duplicate: %s/%s exists already; nothing changed\n", o.t.Queue, o.t.ID)
 		return nil
 	}
-	fmt.Fprintf(m.Stdout, "enqueued %s/%s, due %s\n", task.queue, task.id, res.RunAt.UTC().Format(time.RFC3339Nano))
+	fmt.Fprintf(m.Stdout, "enqueued %s/%s, due %s\n", o.t.Queue, o.t.ID, res.RunAt.UTC().Format(time.RFC3339Nano))
 	return nil
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 
 	"github.com/delayq/delayq/migrations"
 )
@@ -62,8 +61,7 @@ func runMigrate(ctx context.Context, m *Main, args []string) error {
 		if err != nil {
 			return err
 		}
-		tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+		tw := newTable(m.Stdout, "VERSION\tNAME\tAPPLIED")
 		for _, s := range st {
 			applied := "pending"
 			if s.Applied {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/delayq/delayq/schedule"
@@ -89,14 +88,7 @@ func runSchedules(ctx context.Context, m *Main, args []string) error {
 		fmt.Fprintln(m.Stdout, "no schedules")
 		return nil
 	}
-	tw := tabwriter.NewWriter(m.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tQUEUE\tSPEC\tLAST-TICK\tNEXT-TICK\tENQUEUED\tMISSED\tSEEN")
-	stamp := func(t time.Time) string {
-		if t.IsZero() {
-			return "-"
-		}
-		return t.UTC().Format(time.RFC3339Nano)
-	}
+	tw := newTable(m.Stdout, "NAME\tQUEUE\tSPEC\tLAST-TICK\tNEXT-TICK\tENQUEUED\tMISSED\tSEEN")
 	for _, s := range states {
 		next := "-"
 		if s.NextTick != nil {
