@@ -51,11 +51,7 @@ func runCheck(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer s.close()
-	dq, err := s.dispatch()
-	if err != nil {
-		return err
-	}
-	incs, err := reconcile.Check(ctx, s.pool, dq, o.options())
+	incs, err := reconcile.Check(ctx, s.pool, s.dq, o.options())
 	if err != nil {
 		if isUsage(err) {
 			return usagef("%v", err)

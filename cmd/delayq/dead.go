@@ -220,19 +220,15 @@ func runDeadPurge(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer s.close()
-	dq, err := s.dispatch()
-	if err != nil {
-		return err
-	}
 	if o.id != "" {
 		q, id := o.queueTask()
-		if err := reconcile.PurgeDeadTask(ctx, s.pool, dq, o.options(), q, id); err != nil {
+		if err := reconcile.PurgeDeadTask(ctx, s.pool, s.dq, o.options(), q, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(m.Stdout, "purged %s/%s\n", q, id)
 		return nil
 	}
-	n, err := reconcile.PurgeDead(ctx, s.pool, dq, o.options())
+	n, err := reconcile.PurgeDead(ctx, s.pool, s.dq, o.options())
 	if err != nil {
 		return err
 	}

@@ -252,17 +252,13 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer s.close()
-	dq, err := s.dispatch()
-	if err != nil {
-		return err
-	}
 	ctls, err := s.client.Queues(ctx)
 	if err != nil {
 		return err
 	}
 	rows := make([]queueRow, 0, len(ctls))
 	for _, c := range ctls {
-		rc, rv, err := dq.Controls(ctx, c.Queue)
+		rc, rv, err := s.dq.Controls(ctx, c.Queue)
 		if err != nil {
 			return err
 		}

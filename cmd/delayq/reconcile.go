@@ -67,17 +67,13 @@ func runReconcile(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer s.close()
-	dq, err := s.dispatch()
-	if err != nil {
-		return err
-	}
 	opts := o.options()
 	if isTerminal(m.Stderr) {
 		p := newProgressLine(m.Stderr)
 		defer p.clear()
 		opts.Progress = p.show
 	}
-	rep, err := reconcile.Reconcile(ctx, s.pool, dq, opts)
+	rep, err := reconcile.Reconcile(ctx, s.pool, s.dq, opts)
 	if err != nil {
 		return err
 	}

@@ -55,11 +55,7 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer s.close()
-	dq, err := s.dispatch()
-	if err != nil {
-		return err
-	}
-	st, err := reconcile.Stats(ctx, s.pool, dq, o.options())
+	st, err := reconcile.Stats(ctx, s.pool, s.dq, o.options())
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,9 @@ type stores struct {
 	client *delayq.Client
 	pool   *pgxpool.Pool
 	rdb    redis.UniversalClient // noRedis when the command reads PostgreSQL alone
-	prefix string
+	// dq is the Redis engine on rdb, for the calls the client lacks (nil
+	// without Redis).
+	dq *dispatch.Client
 }
 
 // errNoRedisURL is what a command that was given no Redis URL gets if it tries
@@ -60,19 +62,16 @@ func (c *connFlags) openStores(ctx context.Context, needRedis bool) (*stores, er
 		pool.Close()
 		return nil, err
 	}
-	s := &stores{pool: pool, rdb: rdb, prefix: cmp.Or(c.prefix, dispatch.DefaultPrefix)}
-	s.client, err = delayq.New(pool, rdb, delayq.Config{Schema: c.schema, Prefix: s.prefix})
+	s := &stores{pool: pool, rdb: rdb}
+	prefix := cmp.Or(c.prefix, dispatch.DefaultPrefix)
+	if s.client, err = delayq.New(pool, rdb, delayq.Config{Schema: c.schema, Prefix: prefix}); err == nil && needRedis {
+		s.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: prefix})
+	}
 	if err != nil {
 		s.close()
 		return nil, usagef("%s", libraryMessage(err, delayq.ErrInvalidConfig))
 	}
 	return s, nil
-}
-
-// dispatch returns the Redis engine on s's Redis, for the calls the client
-// lacks.
-func (s *stores) dispatch() (*dispatch.Client, error) {
-	return dispatch.New(s.rdb, dispatch.Config{Prefix: s.prefix})
 }
 
 func (s *stores) close() {
