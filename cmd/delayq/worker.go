@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/delayq"
-	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -145,14 +144,11 @@ func (o *workerOptions) validate() error {
 			return usagef("%s", libraryMessage(err, delayq.ErrInvalidConfig))
 		}
 	}
-	if _, err := newOutbox(o.conn.schema); err != nil {
-		return err
-	}
-	return nil
+	_, err = newOutbox(o.conn.schema)
+	return err
 }
 
-// runWorker runs delayq.NewWorker, not the client: the client has no priority
-// group (--weights) and no raw-payload handler.
+// runWorker runs the exec handler on the client, for each queue.
 func runWorker(ctx context.Context, m *Main, args []string) error {
 	var o workerOptions
 	if err := o.parse(m, args); err != nil {
@@ -162,28 +158,25 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	ob, err := newOutbox(o.conn.schema)
-	if err != nil {
-		return err
-	}
 	deps, err := o.conn.openSidecar(ctx, logger)
 	if err != nil {
 		return err
 	}
 	defer deps.close()
-	o.worker.Logger, o.worker.Registerer = logger, deps.reg
-	w, err := clientkit.NewClient(deps.pool, deps.dq, ob, o.worker)
+	client, err := delayq.New(deps.pool, deps.rdb, delayq.Config{
+		Schema: o.conn.schema, Prefix: o.conn.prefix, Logger: logger, Registerer: deps.reg, Worker: o.worker,
+	})
 	if err != nil {
-		return err
+		return usagef("%s", libraryMessage(err, delayq.ErrInvalidConfig))
 	}
 	h := execHandler{command: o.command, deadExit: o.dead}
 	for _, q := range o.queues {
-		if err := w.Handle(q, h.handle, o.queue); err != nil {
+		if err := client.Handle(q, h.handle, o.queue); err != nil {
 			return usagef("%v", err)
 		}
 	}
 	if o.group != nil {
-		if err := w.Prioritize(*o.group); err != nil {
+		if err := client.Prioritize(*o.group); err != nil {
 			return usagef("--weights: %v", err)
 		}
 	}
@@ -194,8 +187,8 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	logger.Info("worker: starting",
 		"database", redactURL(o.conn.databaseURL), "redis", redactURL(o.conn.redisURL),
 		"schema", o.conn.schema, "prefix", o.conn.prefix, "queues", strings.Join(o.queues, ","),
-		"concurrency", o.concurrency, "weights", o.weights, "strict", o.strict, "lease", w.Config().Worker.Lease.String(), "admin", adminAddr(admin))
-	return stopAdmin(ctx, admin, w.Run(ctx))
+		"concurrency", o.concurrency, "weights", o.weights, "strict", o.strict, "lease", client.Config().Worker.Lease.String(), "admin", adminAddr(admin))
+	return stopAdmin(ctx, admin, client.Run(ctx))
 }
 
 // execHandler runs a shell command per task.
