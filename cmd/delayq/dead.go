@@ -68,6 +68,8 @@ type deadOptions struct {
 // queueTask is the one task an action names: --queue (one) and the id.
 func (o *deadOptions) queueTask() (queue, id string) { return o.queues.list[0], o.id }
 
+// validateID takes the task id among args (none: every dead task) and checks
+// it; an id needs one --queue.
 func (o *deadOptions) validateID(action string, args []string) error {
 	switch {
 	case len(args) > 1:
