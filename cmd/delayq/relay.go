@@ -15,12 +15,12 @@ import (
 // relayOptions is what 'delayq relay' was asked: the flags, and the library's
 // config built from them.
 type relayOptions struct {
-	conn                                connFlags
+	conn connFlags
+	sidecarFlags
 	horizon, pollInterval, reapInterval time.Duration
 	retention, repairPause              time.Duration
 	batch, repairRate                   int
-	listen, queues, logFormat, logLevel string
-	schedules                           string
+	queues, schedules                   string
 	pollOnly, withUI, uiReadOnly        bool
 
 	relay relay.Config
@@ -42,12 +42,10 @@ func (o *relayOptions) parse(m *Main, args []string) error {
 	fs.BoolVar(&o.pollOnly, "poll-only", false, "poll instead of LISTEN, for PgBouncer in transaction mode: rows due sooner than --poll-interval after their commit reach Redis up to that late (add ?default_query_exec_mode=simple_protocol to the URL)")
 	fs.DurationVar(&o.reapInterval, "reap-interval", relay.DefaultReapInterval, "how often expired leases are taken back; 0 turns the reaper off")
 	fs.DurationVar(&o.retention, "retention", relay.DefaultRetention, "delete done and cancelled rows this long after they finished; 0 keeps them")
-	fs.StringVar(&o.listen, "listen", sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
+	o.sidecarFlags.register(fs, sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
 	fs.StringVar(&o.queues, "queues", "", "comma-separated queues to relay and reap (default: all)")
 	fs.IntVar(&o.repairRate, "repair-rate", relay.DefaultRepairRate, "queued rows a second the self-healing pass compares with Redis; 0 turns self-healing (and Redis loss detection) off")
 	fs.DurationVar(&o.repairPause, "repair-pause", relay.DefaultRepairPause, "pause between two self-healing passes")
-	fs.StringVar(&o.logFormat, "log-format", "text", "log format on standard error: text or json")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.BoolVar(&o.withUI, "ui", false, "also serve the dashboard under /ui/ on the --listen address; its actions need "+uiTokenEnv+" or "+uiBasicEnv+" (or --ui-read-only)")
 	fs.BoolVar(&o.uiReadOnly, "ui-read-only", false, "with --ui: serve the dashboard without any action")
 	fs.StringVar(&o.schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
@@ -141,11 +139,7 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	if err := o.parse(m, args); err != nil {
 		return err
 	}
-	logger, err := newLogger(m, o.logFormat, o.logLevel)
-	if err != nil {
-		return err
-	}
-	deps, err := o.conn.openSidecar(ctx, logger)
+	logger, deps, err := o.sidecarFlags.open(ctx, m, &o.conn)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,28 @@ import (
 	"github.com/delayq/delayq/internal/sidecar"
 )
 
+// sidecarFlags are the flags of the long-running commands (relay, worker) but
+// the connection's: the admin server's address, the log's format and level.
+type sidecarFlags struct {
+	listen, logFormat, logLevel string
+}
+
+func (f *sidecarFlags) register(fs *flagSet, defaultListen, listenUsage string) {
+	fs.StringVar(&f.listen, "listen", defaultListen, listenUsage)
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+// open makes the process logger and connects to both servers.
+func (f *sidecarFlags) open(ctx context.Context, m *Main, conn *connFlags) (*slog.Logger, *sidecarDeps, error) {
+	logger, err := newLogger(m, f.logFormat, f.logLevel)
+	if err != nil {
+		return nil, nil, err
+	}
+	deps, err := conn.openSidecar(ctx, logger)
+	return logger, deps, err
+}
+
 // sidecarDeps is what the long-running commands (relay, worker) connect to: both
 // servers, a delayq client and a Prometheus registry with the process collectors.
 type sidecarDeps struct {

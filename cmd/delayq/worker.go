@@ -31,13 +31,13 @@ const errorTailBytes = 300
 // workerOptions is what 'delayq worker' was asked: the flags, and the
 // library's configs built from them.
 type workerOptions struct {
-	conn                           connFlags
+	conn connFlags
+	sidecarFlags
 	queueSpec, command, weights    string
 	concurrency, maxAttempts, dead int
 	lease, heartbeat, shutdown     time.Duration
 	backoffBase, backoffMax        time.Duration
 	clearPayload, strict           bool
-	listen, logFormat, logLevel    string
 
 	queues []string
 	worker delayq.WorkerConfig
@@ -79,11 +79,9 @@ func (o *workerOptions) parse(m *Main, args []string) error {
 	fs.DurationVar(&o.backoffMax, "backoff-max", time.Hour, "longest retry delay")
 	fs.IntVar(&o.dead, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
 	fs.BoolVar(&o.clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
-	fs.StringVar(&o.listen, "listen", DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
+	o.sidecarFlags.register(fs, DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
 	fs.StringVar(&o.weights, "weights", "", "NAME=WEIGHT,... for every --queue (weights 1..1000): the queues share --concurrency slots by weight (default: each queue its own --concurrency)")
 	fs.BoolVar(&o.strict, "strict", false, "with --weights: strict priority, the highest weight with tasks due first")
-	fs.StringVar(&o.logFormat, "log-format", "text", "log format on standard error: text or json")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -154,11 +152,7 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	if err := o.parse(m, args); err != nil {
 		return err
 	}
-	logger, err := newLogger(m, o.logFormat, o.logLevel)
-	if err != nil {
-		return err
-	}
-	deps, err := o.conn.openSidecar(ctx, logger)
+	logger, deps, err := o.sidecarFlags.open(ctx, m, &o.conn)
 	if err != nil {
 		return err
 	}
