@@ -1,16 +1,42 @@
 // Package delayqtest helps applications test their delayq code against real
 // servers, as rivertest does for River:
 //
-//   - New gives a test a migrated database and a Redis key prefix of its own on
-//     the servers named by DELAYQ_TEST_POSTGRES_URL and DELAYQ_TEST_REDIS_URL
-//     (or Options), dropped when the test ends;
+//   - New gives a test a migrated database and a Redis key prefix of its own,
+//     dropped when the test ends, and Env.Client a delayq client on them;
 //   - RequireEnqueued and RequireNotEnqueued assert what a transaction enqueued
 //     (queue, id, payload, due time), on pgx or database/sql;
-//   - Env.Work runs one enqueued task's handler synchronously through a real
-//     worker: middleware, the completion guard and commit, hooks, the Redis ack.
+//   - Env.Work runs one enqueued task's handler now, synchronously, through a
+//     real worker (middleware, the completion guard and commit, hooks, the Redis
+//     ack), whatever its due time and its state in Redis, so a test can run a
+//     task that failed again; Env.WorkLastAttempt runs it as its last attempt,
+//     to test a queue's OnDead hook.
 //
-// It imports no test servers and no Docker client: it uses the servers the
-// application's tests already have.
+// # Servers
+//
+// New uses the servers named by DELAYQ_TEST_POSTGRES_URL and
+// DELAYQ_TEST_REDIS_URL (or Options). Where one is not set, it starts a local
+// one from the PostgreSQL (initdb, postgres) or Redis (redis-server) binaries,
+// found on PATH or where distributions put them (/usr/lib/postgresql/*/bin),
+// once for all the tests of the test binary: `go test` needs no set-up on a
+// machine with the binaries (Debian/Ubuntu: apt-get install postgresql
+// redis-server; macOS: brew install postgresql redis). Without binaries or URLs
+// the test fails with one message saying so (or is skipped: Options.Skip).
+// `delayq dev` starts the same servers for a shell and prints the variables to
+// export.
+//
+// The servers are throwaway: in a temporary directory, without durability. Call
+// Main from the package's TestMain to stop them and remove their files when the
+// tests end:
+//
+//	func TestMain(m *testing.M) { delayqtest.Main(m) }
+//
+// Without it, on Linux, the servers die with the test process, and the next
+// test process that starts servers removes the files left behind; elsewhere
+// they outlive it.
+//
+// The package links no Docker client (it would land in every user's go.sum):
+// the Docker fallback of delayq's own `make test` is in its development module
+// (internal/dev), which passes the containers' URLs in the two variables.
 package delayqtest
 
 import (
@@ -45,45 +71,57 @@ const (
 	EnvRedisURL    = "DELAYQ_TEST_REDIS_URL"
 )
 
-// Options name the servers. The zero value reads the environment.
+// Options name the servers. The zero value reads the environment, and starts
+// local servers where it names none.
 type Options struct {
 	// PostgresURL is a server the test may create databases on (the database in
-	// the URL is only connected to). Default: $DELAYQ_TEST_POSTGRES_URL.
+	// the URL is only connected to). Default: $DELAYQ_TEST_POSTGRES_URL, else a
+	// local server (see the package documentation).
 	PostgresURL string
 	// RedisURL is a Redis the test may write keys under a prefix of its own to.
-	// Default: $DELAYQ_TEST_REDIS_URL.
+	// Default: $DELAYQ_TEST_REDIS_URL, else a local server.
 	RedisURL string
-	// Skip, when set, skips the test when a URL is missing; by default it fails.
+	// Skip, when set, skips the test when there is no server to use (no URL and
+	// no local binaries); by default the test fails.
 	Skip bool
 }
 
-// Env is one test's database and Redis prefix, with clients on them. Everything
-// is closed, dropped or deleted when the test ends.
+// Main runs the tests of a package and then stops the servers New started, if
+// any: call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	stopLocal()
+	os.Exit(code)
+}
+
+// Env is one test's database and Redis prefix. Everything is closed, dropped or
+// deleted when the test ends. Env.Client gives a delayq client on them.
 type Env struct {
-	// URL is the test's own database, migrated (migrations.Up).
-	URL    string
-	Pool   *pgxpool.Pool
+	// URL is the test's own database, migrated.
+	URL string
+	// Pool is a pool on URL: the application's tables, and the transactions
+	// under test.
+	Pool *pgxpool.Pool
+	// Redis is a client of the test's Redis; the test's keys begin with Prefix.
 	Redis  *redis.Client
 	Prefix string
-	// Outbox is an outbox client with the default configuration.
-	Outbox *outbox.Client
 
 	dq *dispatch.Client // the Redis side, for Work's expedite
 }
 
-// New creates the test's database and Redis prefix.
+// New creates the test's database and Redis prefix, on the servers Options
+// names, else on local ones it starts (once a test binary).
 func New(t testing.TB, o Options) *Env {
 	t.Helper()
-	pgURL, redisURL := cmp.Or(o.PostgresURL, os.Getenv(EnvPostgresURL)), cmp.Or(o.RedisURL, os.Getenv(EnvRedisURL))
-	if pgURL == "" || redisURL == "" {
-		msg := fmt.Sprintf("delayqtest: set %s and %s (or Options) to servers tests may use", EnvPostgresURL, EnvRedisURL)
-		if o.Skip {
-			t.Skip(msg)
-		}
-		t.Fatal(msg)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
+	pgURL, redisURL, err := serverURLs(ctx, o)
+	if err != nil {
+		if o.Skip {
+			t.Skip(noServers(err))
+		}
+		t.Fatal(noServers(err))
+	}
 	name := "delayqtest_" + randomHex(t, 8)
 	e := &Env{Prefix: "dqt:" + name[len("delayqtest_"):]}
 
@@ -137,10 +175,24 @@ func New(t testing.TB, o Options) *Env {
 	if e.dq, err = dispatch.New(e.Redis, dispatch.Config{Prefix: e.Prefix}); err != nil {
 		t.Fatalf("delayqtest: %v", err)
 	}
-	if e.Outbox, err = outbox.New(outbox.Config{}); err != nil {
-		t.Fatalf("delayqtest: %v", err)
-	}
 	return e
+}
+
+// serverURLs returns the URLs Options or the environment give, and starts local
+// servers for those they do not.
+func serverURLs(ctx context.Context, o Options) (pg, rdb string, err error) {
+	pg, rdb = cmp.Or(o.PostgresURL, os.Getenv(EnvPostgresURL)), cmp.Or(o.RedisURL, os.Getenv(EnvRedisURL))
+	if pg == "" {
+		if pg, err = localPostgres(ctx); err != nil {
+			return "", "", err
+		}
+	}
+	if rdb == "" {
+		if rdb, err = localRedis(ctx); err != nil {
+			return "", "", err
+		}
+	}
+	return pg, rdb, nil
 }
 
 // Client returns a delayq client on the test's servers with cfg, whose Prefix
@@ -156,12 +208,27 @@ func (e *Env) Client(t testing.TB, cfg delayq.Config) *delayq.Client {
 }
 
 // Work runs the task queue/id, committed in the outbox, through c's handler, now
-// and synchronously, whatever its due time: it puts the task into Redis as the
-// relay would (due at once) and calls c.Work, so the run goes through the middleware,
-// the handler, the completion guard and commit, the hooks and the Redis ack. It
-// fails the test when the task is not in the outbox, is finished, or another task
-// ran. The result says how the run ended.
+// and synchronously, whatever its due time and whatever Redis holds for it (a
+// retry's backoff, a snooze, a run whose lease it takes over): it makes the task
+// due at once in Redis, as the relay encodes it, and calls c.Work, so the run
+// goes through the middleware, the handler, the completion guard and commit, the
+// hooks and the Redis ack or retry. A task that failed can be run again; its
+// attempts count on. It fails the test when the task is not in the outbox, is
+// finished, or another task ran. The result says how the run ended.
 func (e *Env) Work(ctx context.Context, t testing.TB, c *delayq.Client, queue, id string) delayq.WorkResult {
+	t.Helper()
+	return e.work(ctx, t, c, queue, id, false)
+}
+
+// WorkLastAttempt is Work as the task's last attempt: a failure makes it dead
+// and runs the queue's OnDead hook, as after MaxAttempts failed runs. (The
+// attempts before it are not run.)
+func (e *Env) WorkLastAttempt(ctx context.Context, t testing.TB, c *delayq.Client, queue, id string) delayq.WorkResult {
+	t.Helper()
+	return e.work(ctx, t, c, queue, id, true)
+}
+
+func (e *Env) work(ctx context.Context, t testing.TB, c *delayq.Client, queue, id string, last bool) delayq.WorkResult {
 	t.Helper()
 	rows, err := e.Pool.Query(ctx, statements.Lookup, queue, []string{id})
 	if err != nil {
@@ -178,11 +245,12 @@ func (e *Env) Work(ctx context.Context, t testing.TB, c *delayq.Client, queue, i
 	if !r.State.Live() {
 		t.Fatalf("delayqtest: task %s/%s is %s", queue, id, r.State)
 	}
-	// The relay's encoding (trace context, deadline, priority and all), but due at
-	// the earliest time Redis takes: ahead of every other task of its priority.
+	if last {
+		r.Attempt = r.MaxAttempts - 1 // the claim counts the last one
+	}
 	ops := transition.New(taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel}), e.dq)
 	if err := ops.Expedite(ctx, queue, r); err != nil {
-		t.Fatalf("delayqtest: put %s/%s into redis: %v", queue, id, err)
+		t.Fatalf("delayqtest: make %s/%s due in redis: %v", queue, id, err)
 	}
 	res, err := c.Work(ctx, queue)
 	if err != nil {

@@ -14,16 +14,17 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
-	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { delayqtest.Main(m) }
 
-// env makes a delayqtest.Env on the servers of this test binary.
-func env(t *testing.T) *delayqtest.Env {
-	return delayqtest.New(t, delayqtest.Options{PostgresURL: testenv.PostgresURL(t), RedisURL: testenv.RedisURL(t)})
+// env makes a delayqtest.Env on the servers of the environment, else on the
+// local ones delayqtest starts, and a client on it.
+func env(t *testing.T) (*delayqtest.Env, *delayq.Client) {
+	e := delayqtest.New(t, delayqtest.Options{})
+	return e, e.Client(t, delayq.Config{})
 }
 
 type charge struct {
@@ -65,7 +66,7 @@ func (r *recorder) Fatalf(format string, args ...any) { r.Fatal(fmt.Sprintf(form
 
 func TestRequireEnqueued(t *testing.T) {
 	t.Parallel()
-	e := env(t)
+	e, c := env(t)
 	ctx := context.Background()
 	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
@@ -73,7 +74,7 @@ func TestRequireEnqueued(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	due := time.Now().Add(time.Hour)
-	if _, err := charges.Enqueue(ctx, e.Outbox, tx, outbox.Task{ID: "order-1", RunAt: due}, charge{"order-1", 990}); err != nil {
+	if _, err := charges.Enqueue(ctx, c, tx, outbox.Task{ID: "order-1", RunAt: due}, charge{"order-1", 990}); err != nil {
 		t.Fatal(err)
 	}
 	got := delayqtest.RequireEnqueued(ctx, t, tx, delayqtest.Want{Queue: "charge", ID: "order-1",
@@ -108,7 +109,7 @@ func TestRequireEnqueued(t *testing.T) {
 
 func TestRequireEnqueuedSQL(t *testing.T) {
 	t.Parallel()
-	e := env(t)
+	e, c := env(t)
 	ctx := context.Background()
 	db, err := migrations.OpenDB(e.URL)
 	if err != nil {
@@ -120,7 +121,7 @@ func TestRequireEnqueuedSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := charges.EnqueueSQL(ctx, e.Outbox, tx, outbox.Task{ID: "order-7", Delay: time.Minute}, charge{"order-7", 5}); err != nil {
+	if _, err := charges.EnqueueSQL(ctx, c, tx, outbox.Task{ID: "order-7", Delay: time.Minute}, charge{"order-7", 5}); err != nil {
 		t.Fatal(err)
 	}
 	delayqtest.RequireEnqueuedSQL(ctx, t, tx, delayqtest.Want{Queue: "charge", ID: "order-7",
@@ -135,12 +136,11 @@ func TestRequireEnqueuedSQL(t *testing.T) {
 // hooks; the effect commits once, and a second delivery is suppressed.
 func TestWork(t *testing.T) {
 	t.Parallel()
-	e := env(t)
+	e, c := env(t)
 	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `CREATE TABLE ledger (order_id text, cents int); CREATE TABLE failed (order_id text)`); err != nil {
 		t.Fatal(err)
 	}
-	c := e.Client(t, delayq.Config{})
 	err := delayq.RegisterTx(c, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		if c.Cents < 0 {
 			return delayq.NoRetry(errors.New("negative charge"))
@@ -154,8 +154,8 @@ func TestWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []charge{{"o-1", 100}, {"o-2", -1}} {
-		if _, err := charges.Enqueue(ctx, e.Outbox, e.Pool, outbox.Task{ID: c.Order, Delay: time.Hour}, c); err != nil {
+	for _, ch := range []charge{{"o-1", 100}, {"o-2", -1}} {
+		if _, err := charges.Enqueue(ctx, c, e.Pool, outbox.Task{ID: ch.Order, Delay: time.Hour}, ch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -188,20 +188,13 @@ func TestWork(t *testing.T) {
 	}
 }
 
-func TestNewNeedsServers(t *testing.T) {
-	t.Setenv(delayqtest.EnvPostgresURL, "")
-	if msg := fatal(t, func(tb testing.TB) { delayqtest.New(tb, delayqtest.Options{RedisURL: "redis://x"}) }); !strings.Contains(msg, delayqtest.EnvPostgresURL) {
-		t.Errorf("New without a postgres URL failed with %q", msg)
-	}
-}
 
 // Work hands the handler the task as the relay would: its trace context and
 // start deadline too (the kit once built the task by hand and left them out).
 func TestWorkHandsTheRelaysTask(t *testing.T) {
 	t.Parallel()
-	e := env(t)
+	e, c := env(t)
 	ctx := context.Background()
-	c := e.Client(t, delayq.Config{})
 	var got *delayq.Task
 	if err := delayq.Register(c, charges, func(_ context.Context, tk *delayq.Task, _ charge) error {
 		got = tk
@@ -211,7 +204,7 @@ func TestWorkHandsTheRelaysTask(t *testing.T) {
 	}
 	const trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	startBy := time.Now().Add(2 * time.Hour).Truncate(time.Millisecond)
-	if _, err := charges.Enqueue(ctx, e.Outbox, e.Pool, outbox.Task{ID: "o-9", Delay: time.Hour, TraceContext: trace,
+	if _, err := charges.Enqueue(ctx, c, e.Pool, outbox.Task{ID: "o-9", Delay: time.Hour, TraceContext: trace,
 		StartBy: startBy, Priority: 3}, charge{"o-9", 1}); err != nil {
 		t.Fatal(err)
 	}

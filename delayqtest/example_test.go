@@ -2,6 +2,7 @@ package delayqtest_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -13,26 +14,28 @@ import (
 )
 
 // placeOrder is the application code under test: the order and its charge
-// commit together.
-func placeOrder(ctx context.Context, ob *outbox.Client, tx pgx.Tx, id string, cents int) error {
+// commit together. The producer is the application's delayq client.
+func placeOrder(ctx context.Context, p outbox.Producer, tx pgx.Tx, id string, cents int) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, cents) VALUES ($1, $2)`, id, cents); err != nil {
 		return err
 	}
-	_, err := charges.Enqueue(ctx, ob, tx, outbox.Task{ID: id, Delay: 30 * time.Minute}, charge{id, cents})
+	_, err := charges.Enqueue(ctx, p, tx, outbox.Task{ID: id, Delay: 30 * time.Minute}, charge{id, cents})
 	return err
 }
 
 // A test of one's own code: what placeOrder enqueued, then the charge handler
-// run at once through a real worker. (It runs as a test, with t; servers from
-// DELAYQ_TEST_POSTGRES_URL and DELAYQ_TEST_REDIS_URL.)
+// run at once through a real worker. (It runs as a test, with t; the servers are
+// those of DELAYQ_TEST_POSTGRES_URL and DELAYQ_TEST_REDIS_URL, or local ones
+// New starts.)
 func Example() {
 	var t *testing.T // the test's
 	ctx := context.Background()
 	e := delayqtest.New(t, delayqtest.Options{})
+	c := e.Client(t, delayq.Config{}) // the application's client, on the test's database and prefix
 	_, _ = e.Pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, cents int, paid bool DEFAULT false)`)
 
 	err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		if err := placeOrder(ctx, e.Outbox, tx, "order-1", 1250); err != nil {
+		if err := placeOrder(ctx, c, tx, "order-1", 1250); err != nil {
 			return err
 		}
 		delayqtest.RequireEnqueued(ctx, t, tx, delayqtest.Want{
@@ -46,7 +49,6 @@ func Example() {
 		t.Fatal(err)
 	}
 
-	c := e.Client(t, delayq.Config{})
 	_ = delayq.RegisterTx(c, charges, func(ctx context.Context, tx pgx.Tx, _ *delayq.Task, c charge) error {
 		_, err := tx.Exec(ctx, `UPDATE orders SET paid = true WHERE id = $1`, c.Order)
 		return err
@@ -54,5 +56,30 @@ func Example() {
 	res := e.Work(ctx, t, c, charges.Name, "order-1") // now, not in 30 minutes
 	if res.Outcome != delayq.OutcomeSucceeded {
 		t.Fatalf("charge: %v %v", res.Outcome, res.Err)
+	}
+}
+
+// A failed run and the next one: Work runs the task again at once, whatever
+// its backoff, and WorkLastAttempt runs it as its last attempt, so that a
+// failure reaches the queue's OnDead hook.
+func ExampleEnv_WorkLastAttempt() {
+	var t *testing.T // the test's
+	ctx := context.Background()
+	e := delayqtest.New(t, delayqtest.Options{})
+	c := e.Client(t, delayq.Config{})
+	var refunded []string
+	_ = delayq.Register(c, charges, func(context.Context, *delayq.Task, charge) error {
+		return errors.New("card declined")
+	}, delayq.QueueConfig{OnDead: func(_ context.Context, _ pgx.Tx, task *delayq.Task, _ error) error {
+		refunded = append(refunded, task.ID)
+		return nil
+	}})
+	_, _ = charges.Enqueue(ctx, c, e.Pool, outbox.Task{ID: "order-2"}, charge{"order-2", 990})
+
+	if res := e.Work(ctx, t, c, charges.Name, "order-2"); res.Outcome != delayq.OutcomeRetried {
+		t.Fatalf("first run: %v", res.Outcome)
+	}
+	if res := e.WorkLastAttempt(ctx, t, c, charges.Name, "order-2"); res.Outcome != delayq.OutcomeDead || len(refunded) != 1 {
+		t.Fatalf("last run: %v, OnDead for %v", res.Outcome, refunded)
 	}
 }

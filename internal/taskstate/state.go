@@ -55,6 +55,7 @@ const (
 	Operator  Actor = "operator"  // a person, through the CLI or the dead-letter API
 	Retention Actor = "retention" // the relay's pruning of old finished rows
 	Reconcile Actor = "reconcile" // the repair of Redis from Postgres (reconcile, the relay's healing)
+	Test      Actor = "test"      // package delayqtest, running a task now in a user's test
 )
 
 // Transition is one edge of the state machine.
@@ -101,7 +102,7 @@ var Transitions = []Transition{
 		Op: "outbox.Client.Enqueue, outbox.Client.EnqueueMany"},
 	{Name: "relay", From: []State{Pending}, To: Queued, By: Relay,
 		Postgres: "TakeDue", Redis: "enqueue: adds, or replaces an older version or a finished record",
-		Order: RedisUnderRowLock, Version: "kept", Op: "TakeDue, Move, Expedite"},
+		Order: RedisUnderRowLock, Version: "kept", Op: "TakeDue, Move"},
 	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
 		Postgres: "MarkInvalid (marked for the queue's OnDead hook: dead-hook)", Order: PostgresOnly, Version: "kept", Op: "MarkInvalid"},
 	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
@@ -148,6 +149,9 @@ var Transitions = []Transition{
 		Postgres: "PurgeDead", Redis: "repair remove (that version or older)", Order: PostgresThenRedis, Version: "-", Op: "PurgeDead"},
 	{Name: "prune", From: []State{Done, Cancelled}, By: Retention,
 		Postgres: "Prune", Order: PostgresOnly, Version: "-", Op: "Prune"},
+	{Name: "expedite", From: []State{Pending, Queued}, To: Kept, By: Test,
+		Postgres: "Lookup (read: the live row)", Redis: "repair restore, due now, whatever Redis holds (compare-and-set on the probe)",
+		Order: RedisFollowsRow, Version: "kept", Op: "Expedite"},
 	{Name: "repair", From: States, To: Kept, By: Reconcile,
 		Postgres: "Lock (the rows read and held locked)", Redis: "repair restore, kill or remove (compare-and-set on the probe)",
 		Order: RedisUnderRowLock, Version: "kept", Op: "Repair"},

@@ -47,7 +47,7 @@ func StartPgBouncer(ctx context.Context, upstream string) (*PgBouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := as.mkdirFor("delayq-pgbouncer-*")
+	dir, err := as.mkdirFor("", "delayq-pgbouncer-*")
 	if err != nil {
 		return nil, err
 	}

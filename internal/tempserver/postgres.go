@@ -23,6 +23,12 @@ type PostgresOptions struct {
 	Durable bool
 	// MaxConnections is max_connections. Default 300.
 	MaxConnections int
+	// Dir keeps the server's data (Dir/data), log and socket: a server started
+	// on a Dir that holds data starts on it (initdb runs only on an empty one),
+	// and Close leaves it. Default: a new temporary directory, removed by Close.
+	Dir string
+	// Port is the port to listen on. Default: a free one.
+	Port int
 }
 
 // Postgres is a PostgreSQL server this process owns. It can be stopped, killed
@@ -61,22 +67,29 @@ func startLocalPostgres(ctx context.Context, bin string, opts PostgresOptions) (
 	if err != nil {
 		return nil, err
 	}
-	dir, err := as.mkdirFor("delayq-pg-")
+	dir, err := as.mkdirFor(opts.Dir, "delayq-pg-")
 	if err != nil {
 		return nil, err
 	}
-	pg := &Postgres{bin: bin, dir: dir, opts: opts, as: as}
-	initLog := filepath.Join(dir, "initdb.log")
-	cmd := as.command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	pg := &Postgres{bin: bin, dir: dir, opts: opts, as: as, port: opts.Port}
+	removeDir := func() {
+		if opts.Dir == "" {
+			os.RemoveAll(dir)
+		}
 	}
-	_ = os.Remove(initLog)
-	if pg.port, err = freePort(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
+		cmd := as.command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "postgres",
+			"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			removeDir()
+			return nil, fmt.Errorf("initdb: %w: %s", err, out)
+		}
+	}
+	if pg.port == 0 {
+		if pg.port, err = freePort(); err != nil {
+			removeDir()
+			return nil, err
+		}
 	}
 	if err := pg.Start(ctx); err != nil {
 		pg.Close()
@@ -179,10 +192,11 @@ func (p *Postgres) halt(sig syscall.Signal) {
 	}
 }
 
-// Close stops the server and removes its data.
+// Close stops the server and removes its data, unless they are in the
+// PostgresOptions.Dir it was given.
 func (p *Postgres) Close() {
 	p.Stop()
-	if p.dir != "" {
+	if p.dir != "" && p.opts.Dir == "" {
 		_ = os.RemoveAll(p.dir)
 	}
 }

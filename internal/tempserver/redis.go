@@ -25,12 +25,21 @@ type Redis struct {
 	args []string
 	proc *process
 	url  string
+	keep bool // dir is the caller's: Close leaves it
 }
 
 // RedisOptions tune a throwaway Redis server.
 type RedisOptions struct {
 	// Args are extra redis-server arguments, e.g. "--requirepass", "secret".
 	Args []string
+	// Dir keeps the server's files; Close leaves it. Default: a new temporary
+	// directory, removed by Close.
+	Dir string
+	// AppendOnly keeps the data in an append-only file in Dir, so a server
+	// started on Dir again has the keys it had. Default: no persistence.
+	AppendOnly bool
+	// Port is the port to listen on. Default: a free one.
+	Port int
 }
 
 // StartRedis starts a server from a local redis-server binary (no Docker
@@ -40,16 +49,20 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Redis: no local redis-server (%v); %s", ErrNoServer, err, InstallHint)
 	}
-	dir, err := os.MkdirTemp("", "delayq-redis-")
+	dir, err := runAs{}.mkdirFor(opts.Dir, "delayq-redis-")
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	r := &Redis{bin: bin, dir: dir, port: opts.Port, args: opts.Args, keep: opts.Dir != ""}
+	if r.port == 0 {
+		if r.port, err = freePort(); err != nil {
+			r.Close()
+			return nil, err
+		}
 	}
-	r := &Redis{bin: bin, dir: dir, port: port, args: opts.Args}
+	if opts.AppendOnly {
+		r.args = append([]string{"--appendonly", "yes"}, r.args...)
+	}
 	if err := r.Start(ctx); err != nil {
 		r.Close()
 		return nil, err
@@ -78,6 +91,7 @@ func (r *Redis) Start(ctx context.Context) error {
 	if r.proc != nil {
 		return nil
 	}
+	// Later arguments win: RedisOptions.AppendOnly's "--appendonly yes" overrides "no".
 	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
 	logPath := filepath.Join(r.dir, "redis.log")
@@ -136,10 +150,11 @@ func (r *Redis) halt(sig syscall.Signal) {
 	r.proc = nil
 }
 
-// Close stops the server and removes its directory.
+// Close stops the server and removes its directory, unless it is the
+// RedisOptions.Dir it was given.
 func (r *Redis) Close() {
 	r.Stop()
-	if r.dir != "" {
+	if r.dir != "" && !r.keep {
 		_ = os.RemoveAll(r.dir)
 	}
 }

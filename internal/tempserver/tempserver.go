@@ -10,8 +10,9 @@
 // instead of starting their own.
 //
 // Local servers run as child processes in a temporary directory on free loopback
-// ports, keep nothing after Close, and die with the process that started them
-// (Pdeathsig), so a crashed test leaves no server behind.
+// ports, keep nothing after Close (unless given a directory of their own), and,
+// on Linux, die with the process that started them (Pdeathsig), so a crashed
+// test leaves no server behind. The package builds on Unix systems only.
 package tempserver
 
 import (
@@ -36,10 +37,14 @@ import (
 var ErrNoServer = errors.New("tempserver: no way to start a server")
 
 // InstallHint is the one message shown when no server can be started.
-const InstallHint = "install PostgreSQL and Redis server binaries " +
-	"(Debian/Ubuntu: apt-get install postgresql redis-server; macOS: brew install postgresql redis), " +
+const InstallHint = InstallBinaries + ", " +
 	"or run through make in a checkout of delayq (it falls back to Docker), " +
 	"or pass DATABASE_URL and REDIS_URL of servers you already run"
+
+// InstallBinaries says which packages provide the binaries this package looks
+// for (on PATH, or where distributions put them: PostgresBinary, RedisBinary).
+const InstallBinaries = "install PostgreSQL and Redis server binaries " +
+	"(Debian/Ubuntu: apt-get install postgresql redis-server; macOS: brew install postgresql redis)"
 
 // handedOut holds every port freePort gave in this process. A server that is
 // stopped and started again (a fault test) takes its port back; meanwhile the
@@ -128,16 +133,22 @@ func unprivileged(name string) (runAs, error) {
 // command builds a child process that dies with us and runs as r.
 func (r runAs) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.SysProcAttr = dieWithParent()
 	if r.set {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: r.uid, Gid: r.gid}
 	}
 	return cmd
 }
 
-// mkdirFor makes a temporary directory the server's user owns.
-func (r runAs) mkdirFor(pattern string) (string, error) {
-	dir, err := os.MkdirTemp("", pattern)
+// mkdirFor makes a temporary directory the server's user owns, or, when dir is
+// given, makes sure dir exists and that user owns it.
+func (r runAs) mkdirFor(dir, pattern string) (string, error) {
+	var err error
+	if dir != "" {
+		err = os.MkdirAll(dir, 0o700)
+	} else {
+		dir, err = os.MkdirTemp("", pattern)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -275,7 +275,7 @@ func StartTLSPostgres(ctx context.Context, opts TLSPostgresOptions) (*Postgres, 
 	if err != nil {
 		return nil, nil, err
 	}
-	dir, err := as.mkdirFor("delayq-pg-tls-")
+	dir, err := as.mkdirFor("", "delayq-pg-tls-")
 	if err != nil {
 		return nil, nil, err
 	}

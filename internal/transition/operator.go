@@ -236,17 +236,37 @@ func (o *Ops) Repair(ctx context.Context, tx pgx.Tx, queue string, shards int, r
 	return o.dq.RepairIfRouted(ctx, queue, shards, repairs...)
 }
 
-// Expedite (relay, for tests: package delayqtest) writes the live row r of queue
-// into Redis due at once, as the relay's move encodes it (taskstate.RedisRow.Task),
-// keyed by its version: a copy of that version already there is a duplicate.
+// Expedite (expedite; for tests: package delayqtest) makes the live row r of
+// queue due at once in Redis, whatever Redis holds for it: nothing, a ready copy
+// due later (a retry's backoff, a snooze), or an active one (its lease is taken
+// over: the old run's token no longer completes it). It restores the task as the
+// relay's move encodes it (taskstate.RedisRow.Task), with r's attempts, due at the
+// earliest time Redis takes: ahead of every task of its priority. A test that
+// wants the next run to be the last passes r with Attempt = MaxAttempts-1.
+// Each restore is a compare-and-set on a probe, retried while the task changes.
 func (o *Ops) Expedite(ctx context.Context, queue string, r taskstate.RedisRow) error {
 	if !r.State.Live() {
 		return fmt.Errorf("transition: expedite %s/%s: %w (%s)", queue, r.ID, ErrRefused, r.State)
 	}
 	t := r.Task()
-	t.RunAt = time.Unix(1, 0) // the earliest time Redis takes: ahead of every task of its priority
-	_, err := o.dq.Enqueue(ctx, queue, t)
-	return err
+	t.RunAt = time.Unix(1, 0)
+	for range 10 {
+		_, probes, err := o.dq.Probe(ctx, queue, r.ID)
+		if err != nil {
+			return err
+		}
+		if p := probes[0]; p.Version > r.Version {
+			return fmt.Errorf("transition: expedite %s/%s: %w (Redis holds version %d, the row %d)", queue, r.ID, ErrRefused, p.Version, r.Version)
+		}
+		applied, err := o.dq.RepairIf(ctx, queue, dispatch.Repair{Op: dispatch.RepairRestore, ID: r.ID, Fingerprint: probes[0].Fingerprint, Task: t})
+		if err != nil {
+			return err
+		}
+		if applied[0] {
+			return nil
+		}
+	}
+	return fmt.Errorf("transition: expedite %s/%s keeps changing in Redis; try again", queue, r.ID)
 }
 
 // nonNil turns nil into an empty slice: pgx sends nil as NULL, not as an empty array.
