@@ -188,7 +188,6 @@ func TestWork(t *testing.T) {
 	}
 }
 
-
 // Work hands the handler the task as the relay would: its trace context and
 // start deadline too (the kit once built the task by hand and left them out).
 func TestWorkHandsTheRelaysTask(t *testing.T) {
