@@ -9,16 +9,15 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
-	"github.com/delayq/delayq/internal/testenv"
 )
 
-// TestMain lets the tests run on servers testenv starts when the environment
-// names none. (A copy of this example sets DELAYQ_TEST_POSTGRES_URL and
-// DELAYQ_TEST_REDIS_URL and passes delayqtest.Options{} instead.)
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain stops the servers delayqtest starts from local binaries when
+// DELAYQ_TEST_POSTGRES_URL and DELAYQ_TEST_REDIS_URL name none. These tests
+// use public packages only: copy them into a module of your own.
+func TestMain(m *testing.M) { delayqtest.Main(m) }
 
 func newEnv(t *testing.T) (*delayqtest.Env, *delayq.Client) {
-	e := delayqtest.New(t, delayqtest.Options{PostgresURL: testenv.PostgresURL(t), RedisURL: testenv.RedisURL(t)})
+	e := delayqtest.New(t, delayqtest.Options{})
 	c := e.Client(t, delayq.Config{})
 	if err := setup(context.Background(), c, e.Pool); err != nil {
 		t.Fatal(err)
