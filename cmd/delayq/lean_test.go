@@ -10,11 +10,12 @@ import (
 )
 
 // forbiddenInBinary are packages the relay and CLI binary must not link: the
-// Docker client and the throwaway test servers belong to the development build
-// (-tags delayqdev: make demo, make bench) only.
+// Docker client and the test environment belong to the development build
+// (-tags delayqdev: make demo, make bench) and the dev module only. (The
+// release binary links internal/tempserver for `delayq dev`: local binaries,
+// nothing beyond pgx and go-redis.)
 var forbiddenInBinary = []string{
 	"github.com/ory/dockertest/v3",
-	"github.com/delayq/delayq/internal/tempserver",
 	"github.com/delayq/delayq/internal/testenv",
 	"testing",
 }

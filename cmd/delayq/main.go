@@ -5,11 +5,12 @@
 // Exit codes: 0 success, 1 failure (including inconsistencies found by check),
 // 2 usage error. Errors are printed as one line on standard error.
 //
-// Built as it is (go build ./cmd/delayq, the Dockerfile), the binary links no test
-// servers. Built with -tags delayqdev (make demo, make bench) it also has the
-// benchmark workloads, and the demo starts throwaway PostgreSQL and Redis servers
-// from local binaries when no URLs are given (where there are none, make starts
-// Docker containers through the dev module and passes their URLs).
+// Built as it is (go build ./cmd/delayq, the Dockerfile), the binary links no
+// Docker client and no test code; `delayq dev` starts PostgreSQL and Redis from
+// local binaries. Built with -tags delayqdev (make demo, make bench) it also has
+// the benchmark workloads, and the demo starts throwaway PostgreSQL and Redis
+// servers from local binaries when no URLs are given (where there are none, make
+// starts Docker containers through the dev module and passes their URLs).
 package main
 
 import (
@@ -80,6 +81,7 @@ func commands() map[string]command {
 		"worker":  {"run a shell command for each task of some queues (payload on stdin), /metrics", runWorker},
 		"bench":   {benchSummary, runBench},
 		"demo":    {"run the whole system end to end and report (on throwaway servers: make demo)", runDemo},
+		"dev":     {"start local PostgreSQL and Redis for development and tests; print the variables to export", runDev},
 
 		// For images and releases.
 		"version":     {"print the module version, commit and Go version of this binary (also --version)", runVersion},

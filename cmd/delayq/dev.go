@@ -1,0 +1,122 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/delayq/delayq/internal/tempserver"
+)
+
+// devOptions are dev's flags.
+type devOptions struct {
+	dir                     string // keep the data here; "" throwaway
+	postgresPort, redisPort int    // 0: a free port
+}
+
+func (o devOptions) validate() error {
+	for name, port := range map[string]int{"--postgres-port": o.postgresPort, "--redis-port": o.redisPort} {
+		if port < 0 || port > 65535 {
+			return usagef("%s %d: must be 0 (a free port) to 65535", name, port)
+		}
+	}
+	if o.postgresPort != 0 && o.postgresPort == o.redisPort {
+		return usagef("--postgres-port and --redis-port are both %d", o.postgresPort)
+	}
+	return nil
+}
+
+// runDev starts local PostgreSQL and Redis servers from their binaries (as the
+// tests of package delayqtest do when no URL is set), prints the environment
+// that points delayq and the tests at them, and runs until interrupted, then
+// stops them. It links no Docker client: where no binaries are installed, a
+// checkout's make targets start containers (internal/dev).
+func runDev(ctx context.Context, m *Main, args []string) error {
+	fs := newFlagSet(m, "dev", "dev [flags]",
+		"  delayq dev                       # throwaway servers on free ports; Ctrl-C stops them and removes their data\n"+
+			"  delayq dev --dir .delayq-dev     # keep the data in .delayq-dev across runs\n"+
+			"  delayq dev --dir .delayq-dev --postgres-port 5433 --redis-port 6380   # the same URLs every run\n"+
+			"  delayq dev > dev.env &  . dev.env   # in a script: wait for the servers, then load the URLs\n")
+	var o devOptions
+	fs.StringVar(&o.dir, "dir", "", "keep the servers' data in this directory across runs (default: a temporary directory, removed at exit)")
+	fs.IntVar(&o.postgresPort, "postgres-port", 0, "PostgreSQL's port on 127.0.0.1 (default: a free port)")
+	fs.IntVar(&o.redisPort, "redis-port", 0, "Redis's port on 127.0.0.1 (default: a free port)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	return o.run(ctx, m.Stdout, m.Stderr)
+}
+
+func (o devOptions) run(ctx context.Context, stdout, stderr io.Writer) error {
+	pgOpts := tempserver.PostgresOptions{Port: o.postgresPort}
+	redisOpts := tempserver.RedisOptions{Port: o.redisPort}
+	if o.dir != "" {
+		dir, err := filepath.Abs(o.dir)
+		if err != nil {
+			return err
+		}
+		pgOpts.Dir, redisOpts.Dir, redisOpts.AppendOnly = filepath.Join(dir, "postgres"), filepath.Join(dir, "redis"), true
+	}
+	pg, err := tempserver.StartPostgres(ctx, pgOpts)
+	if err != nil {
+		return devStartError("PostgreSQL", err)
+	}
+	defer pg.Close()
+	rdb, err := tempserver.StartRedis(ctx, redisOpts)
+	if err != nil {
+		return devStartError("Redis", err)
+	}
+	defer rdb.Close()
+
+	fmt.Fprint(stdout, devEnv(pg.URL(), rdb.URL()))
+	kept := "throwaway: removed when they stop"
+	if o.dir != "" {
+		kept = "data kept in " + o.dir
+	}
+	fmt.Fprintf(stderr, "delayq dev: PostgreSQL %s and Redis %s are running (%s); export the lines above; Ctrl-C stops them\n",
+		pg.URL(), rdb.URL(), kept)
+	<-ctx.Done()
+	fmt.Fprintln(stderr, "delayq dev: stopping the servers")
+	return nil
+}
+
+// The variables the tests of package delayqtest read (delayqtest.EnvPostgresURL
+// and EnvRedisURL: the binary must not link delayqtest, which imports testing;
+// TestDevEnvNames checks they agree).
+const (
+	testPostgresURLEnv = "DELAYQ_TEST_POSTGRES_URL"
+	testRedisURLEnv    = "DELAYQ_TEST_REDIS_URL"
+)
+
+// devEnv is what dev prints: shell export lines for the CLI, an application and
+// the tests of package delayqtest.
+func devEnv(pgURL, redisURL string) string {
+	var b strings.Builder
+	for _, kv := range [][2]string{
+		{"DATABASE_URL", pgURL}, {"REDIS_URL", redisURL},
+		{testPostgresURLEnv, pgURL}, {testRedisURLEnv, redisURL},
+	} {
+		fmt.Fprintf(&b, "export %s='%s'\n", kv[0], kv[1])
+	}
+	return b.String()
+}
+
+// devStartError says what to install when a server's binary is missing.
+func devStartError(what string, err error) error {
+	if errors.Is(err, tempserver.ErrNoServer) {
+		return fmt.Errorf("no %s server binary found (on PATH or in /usr/lib/postgresql/*/bin): %s; "+
+			"or skip delayq dev and set DATABASE_URL and REDIS_URL to servers you run", what, tempserver.InstallBinaries)
+	}
+	return fmt.Errorf("start %s: %w", what, err)
+}

@@ -1,0 +1,176 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/delayqtest"
+)
+
+// dev prints the variables delayqtest reads.
+func TestDevEnvNames(t *testing.T) {
+	t.Parallel()
+	if testPostgresURLEnv != delayqtest.EnvPostgresURL || testRedisURLEnv != delayqtest.EnvRedisURL {
+		t.Errorf("dev prints %s and %s; delayqtest reads %s and %s",
+			testPostgresURLEnv, testRedisURLEnv, delayqtest.EnvPostgresURL, delayqtest.EnvRedisURL)
+	}
+}
+
+// The built binary's dev: the export lines name servers that answer; Ctrl-C
+// stops them, exit 0; with --dir a second run finds the first one's data, and
+// without it nothing is left.
+func TestDevCommand(t *testing.T) {
+	t.Parallel()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "delayq")
+	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel) // after the parallel subtests
+
+	// dev starts the servers, checks them with check, then stops with SIGINT.
+	dev := func(t *testing.T, check func(env map[string]string), args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		lines := bufio.NewScanner(out)
+		for len(env) < 4 && lines.Scan() {
+			k, v, ok := strings.Cut(strings.TrimPrefix(lines.Text(), "export "), "=")
+			if !ok || !strings.HasPrefix(lines.Text(), "export ") {
+				t.Fatalf("dev printed %q, want export lines", lines.Text())
+			}
+			env[k] = strings.Trim(v, "'")
+		}
+		if len(env) != 4 || env["DATABASE_URL"] != env[delayqtest.EnvPostgresURL] || env["REDIS_URL"] != env[delayqtest.EnvRedisURL] {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("dev printed %v; stderr: %s", env, stderr.String())
+		}
+		check(env)
+		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("dev after Ctrl-C: %v; stderr: %s", err, stderr.String())
+		}
+		if c, err := pgx.Connect(ctx, env["DATABASE_URL"]); err == nil {
+			c.Close(ctx)
+			t.Errorf("PostgreSQL still answers after dev stopped")
+		}
+	}
+	pgExec := func(env map[string]string, sql string) error {
+		c, err := pgx.Connect(ctx, env["DATABASE_URL"])
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		_, err = c.Exec(ctx, sql)
+		return err
+	}
+	redisClient := func(env map[string]string) *redis.Client {
+		opt, err := redis.ParseURL(env["REDIS_URL"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return redis.NewClient(opt)
+	}
+
+	t.Run("throwaway", func(t *testing.T) {
+		t.Parallel()
+		before, _ := filepath.Glob(filepath.Join(os.TempDir(), "delayq-pg-*"))
+		dev(t, func(env map[string]string) {
+			if err := pgExec(env, `CREATE TABLE orders (id int)`); err != nil {
+				t.Error(err)
+			}
+			rdb := redisClient(env)
+			defer rdb.Close()
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+		after, _ := filepath.Glob(filepath.Join(os.TempDir(), "delayq-pg-*"))
+		if len(after) > len(before) {
+			t.Errorf("data left behind: %v (before: %v)", after, before)
+		}
+	})
+
+	t.Run("kept in --dir", func(t *testing.T) {
+		t.Parallel()
+		// Not t.TempDir (0700): run as root, the server runs as the postgres user,
+		// who must reach the directory.
+		dir, err := os.MkdirTemp("", "delayq-dev-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dev(t, func(env map[string]string) {
+			if err := pgExec(env, `CREATE TABLE orders (id int); INSERT INTO orders VALUES (7)`); err != nil {
+				t.Error(err)
+			}
+			rdb := redisClient(env)
+			defer rdb.Close()
+			if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+				t.Error(err)
+			}
+		}, "--dir", dir)
+		dev(t, func(env map[string]string) {
+			c, err := pgx.Connect(ctx, env["DATABASE_URL"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close(ctx)
+			var id int
+			if err := c.QueryRow(ctx, `SELECT id FROM orders`).Scan(&id); err != nil || id != 7 {
+				t.Errorf("the second run's orders: %d, %v", id, err)
+			}
+			rdb := redisClient(env)
+			defer rdb.Close()
+			if v, err := rdb.Get(ctx, "k").Result(); v != "v" {
+				t.Errorf("the second run's Redis key: %q, %v", v, err)
+			}
+		}, "--dir", dir)
+	})
+
+	t.Run("usage", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{{"extra"}, {"--redis-port", "70000"}, {"--postgres-port", "6000", "--redis-port", "6000"}} {
+			cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != exitUsage || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+				t.Errorf("dev %v: %v, %q; want exit 2 and one line", args, err, out)
+			}
+		}
+	})
+}
