@@ -92,7 +92,7 @@ func TestREADMECommands(t *testing.T) {
 	getenv := func(k string) string { return env[k] }
 	for _, args := range cmds {
 		switch args[0] {
-		case "migrate", "reconcile", "check", "stats", "dead", "enqueue", "reschedule", "cancel", "relay":
+		case "migrate", "reconcile", "check", "stats", "dead", "enqueue", "reschedule", "cancel", "relay", "dev":
 		default:
 			t.Fatalf("README shows `delayq %s`, which this test does not know how to run", strings.Join(args, " "))
 		}
@@ -113,12 +113,15 @@ func TestREADMECommands(t *testing.T) {
 		done := make(chan int, 1)
 		go func() { done <- NewMain(&stdout, &stderr, getenv).Run(ctx, args) }()
 		var code int
-		if args[0] == "relay" {
-			// A long-running sidecar: once it says it started, stop it.
+		switch args[0] {
+		case "relay": // a long-running sidecar: once it says it started, stop it
 			code = waitStarted(t, done, &stderr, "relay: started")
 			cancel()
+		case "dev": // its servers, until Ctrl-C
+			code = waitStarted(t, done, &stderr, "are running")
+			cancel()
 		}
-		if args[0] != "relay" || code == -1 {
+		if args[0] != "relay" && args[0] != "dev" || code == -1 {
 			code = <-done
 		}
 		cancel()
