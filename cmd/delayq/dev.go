@@ -41,7 +41,7 @@ func runDev(ctx context.Context, m *Main, args []string) error {
 		"  delayq dev                       # throwaway servers on free ports; Ctrl-C stops them and removes their data\n"+
 			"  delayq dev --dir .delayq-dev     # keep the data in .delayq-dev across runs\n"+
 			"  delayq dev --dir .delayq-dev --postgres-port 5433 --redis-port 6380   # the same URLs every run\n"+
-			"  delayq dev > dev.env &  . dev.env   # in a script: wait for the servers, then load the URLs\n")
+			"  delayq dev > dev.env & while [ ! -s dev.env ]; do sleep 0.1; done; . dev.env   # in a script (the lines are written at once)\n")
 	var o devOptions
 	fs.StringVar(&o.dir, "dir", "", "keep the servers' data in this directory across runs (default: a temporary directory, removed at exit)")
 	fs.IntVar(&o.postgresPort, "postgres-port", 0, "PostgreSQL's port on 127.0.0.1 (default: a free port)")
