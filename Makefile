@@ -15,6 +15,12 @@ NESTED  := delayqotel internal/dev
 MODULES := . $(NESTED)
 PKGS    := ./... $(addprefix ./,$(addsuffix /...,$(NESTED)))
 
+# Issue 30's comparison service written against River: a module of its own,
+# outside the workspace. make lint builds and vets it (tests included) and
+# compares its length with docs/comparison/delayq's; its tests need a database
+# migrated by River and are run by hand (docs/comparison.md).
+RIVER_CMP := docs/comparison/river
+
 # Runs a command with servers: local binaries (started by the tests and the
 # demo themselves), else Docker containers whose URLs it passes on.
 WITHSERVERS := GO=$(GO) bash .ci/withservers
@@ -72,7 +78,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 NILNESS     := golang.org/x/tools/go/analysis/passes/nilness/cmd/nilness@v0.51.0
 
 .PHONY: lint
-lint: ## gofmt, go vet, staticcheck, nilness (every module; both builds of cmd/delayq), go mod tidy -diff, the consumer's go.sum.
+lint: ## gofmt, go vet, staticcheck, nilness (every module; both builds of cmd/delayq), go mod tidy -diff, the consumer's go.sum, the River comparison's build and line counts.
 	@test -z "$$(gofmt -l .)" || (echo "gofmt -l:" && gofmt -l . && exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) vet $(DEVTAGS) ./cmd/delayq
@@ -82,6 +88,12 @@ lint: ## gofmt, go vet, staticcheck, nilness (every module; both builds of cmd/d
 	$(GO) run $(NILNESS) $(DEVTAGS) ./cmd/delayq
 	@for m in $(MODULES); do echo "go mod tidy -diff ($$m)"; (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
 	@bash scripts/consumer-gosum.sh
+	cd $(RIVER_CMP) && GOWORK=off $(GO) mod tidy -diff && GOWORK=off $(GO) vet ./...
+	@bash scripts/comparison-lines.sh
+
+.PHONY: comparison-lines
+comparison-lines: ## Count the lines of the comparison service's two versions (docs/comparison/): delayq's must be 25 % shorter than River's.
+	@bash scripts/comparison-lines.sh
 
 .PHONY: consumer-gosum
 consumer-gosum: ## A throwaway module that imports the library: its go.sum line count, and no test tools in it.
