@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -57,27 +58,23 @@ var digestSchedule = schedule.Schedule{Name: "daily-digest", Queue: digests.Name
 // register adds the shop's handlers to client. Each runs in the transaction that
 // records its task done.
 func register(client *delayq.Client, mailer Mailer) error {
-	// The ledger row commits with the task's completion, so the charge is recorded
-	// once however often the task runs.
-	err := delayq.RegisterTx(client, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
-		_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, amount_cents) VALUES ($1, $2)`, t.ID, c.AmountCents)
-		return err
-	}, delayq.QueueConfig{})
-	if err != nil {
-		return err
-	}
-	err = delayq.RegisterTx(client, expirations, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, _ struct{}) error {
-		_, err := tx.Exec(ctx, `UPDATE reservations SET status = 'expired' WHERE id = $1 AND status = 'held'`, t.ID)
-		return err
-	}, delayq.QueueConfig{})
-	if err != nil {
-		return err
-	}
-	// The digest covers the day before its tick.
-	return delayq.RegisterTx(client, digests, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, _ struct{}) error {
-		_, tick, _ := schedule.ParseTaskID(t.ID)
-		return sendDigest(ctx, tx, mailer, tick)
-	}, delayq.QueueConfig{})
+	return errors.Join(
+		// The ledger row commits with the task's completion, so the charge is
+		// recorded once however often the task runs.
+		delayq.RegisterTx(client, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, amount_cents) VALUES ($1, $2)`, t.ID, c.AmountCents)
+			return err
+		}, delayq.QueueConfig{}),
+		delayq.RegisterTx(client, expirations, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, _ struct{}) error {
+			_, err := tx.Exec(ctx, `UPDATE reservations SET status = 'expired' WHERE id = $1 AND status = 'held'`, t.ID)
+			return err
+		}, delayq.QueueConfig{}),
+		// The digest covers the day before its tick.
+		delayq.RegisterTx(client, digests, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, _ struct{}) error {
+			_, tick, _ := schedule.ParseTaskID(t.ID)
+			return sendDigest(ctx, tx, mailer, tick)
+		}, delayq.QueueConfig{}),
+	)
 }
 
 func sendDigest(ctx context.Context, tx pgx.Tx, mailer Mailer, until time.Time) error {

@@ -10,15 +10,12 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
-	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/schedule"
 )
 
-// TestMain lets the tests run on servers testenv starts when the environment
-// names none. (A service outside this repository sets DELAYQ_TEST_POSTGRES_URL
-// and DELAYQ_TEST_REDIS_URL and passes delayqtest.Options{} instead.)
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain stops the servers delayqtest starts when the environment names none.
+func TestMain(m *testing.M) { delayqtest.Main(m) }
 
 type testBundle struct {
 	env    *delayqtest.Env
@@ -31,7 +28,7 @@ type testBundle struct {
 // the shop's tables and handlers.
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	e := delayqtest.New(t, delayqtest.Options{PostgresURL: testenv.PostgresURL(t), RedisURL: testenv.RedisURL(t)})
+	e := delayqtest.New(t, delayqtest.Options{})
 	if _, err := e.Pool.Exec(context.Background(), tables); err != nil {
 		t.Fatal(err)
 	}
