@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
@@ -45,8 +47,10 @@ func TestMissedStartDeadline(t *testing.T) {
 	var tasks []outbox.Task
 	now := time.Now()
 	// A deadline already past is refused at enqueue (ErrInvalidStartBy): the late
-	// tasks' deadline passes while they wait in Redis, before a worker starts.
-	lateBy := now.Add(3 * time.Second)
+	// tasks get one an hour ahead, and once they wait in Redis the test moves it
+	// into the past in both stores, as the hour passing would (no sleep, no
+	// margin a loaded machine could outlast).
+	lateBy := now.Add(time.Hour + time.Minute).Truncate(time.Millisecond)
 	for i := range late {
 		tasks = append(tasks, outbox.Task{Queue: "dl", ID: fmt.Sprintf("late-%03d", i), StartBy: lateBy})
 	}
@@ -100,7 +104,10 @@ func TestMissedStartDeadline(t *testing.T) {
 		t.Fatalf("ok-000's d = %q (%v), want its deadline in ms", d, err)
 	}
 
-	time.Sleep(time.Until(lateBy.Add(100 * time.Millisecond))) // the late tasks' deadline passes
+	if d, err := rdb.HGet(ctx, keys.TaskKey("late-000"), "d").Result(); err != nil || d != fmt.Sprint(lateBy.UnixMilli()) {
+		t.Fatalf("late-000's d = %q (%v), want its deadline in ms", d, err)
+	}
+	passDeadline(t, ctx, pool, rdb, dq, lateBy)
 
 	var handled, hooked atomic.Int64
 	for w := range 2 {
@@ -181,5 +188,39 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 			t.Fatalf("not in time: %s", what)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// passDeadline moves the start deadline lateBy of every task that has it 10 s
+// into the past, by Redis's clock (the one the claim compares with), in the
+// tasks' hashes and in their outbox rows.
+func passDeadline(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, dq *dispatch.Client, lateBy time.Time) {
+	t.Helper()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := now.Add(-10 * time.Second).Truncate(time.Millisecond)
+	rows, err := pool.Query(ctx, `UPDATE delayq_outbox SET start_by = $2 WHERE start_by = $1 RETURNING queue, task_id`, lateBy, past)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var qi [2]string
+		return qi, r.Scan(&qi[0], &qi[1])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := rdb.Pipeline()
+	for _, qi := range moved {
+		keys, err := dq.Keys(qi[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		pipe.HSet(ctx, keys.TaskKey(qi[1]), "d", past.UnixMilli())
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

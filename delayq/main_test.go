@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -156,6 +157,27 @@ func (b *bundle) reaper(t *testing.T, queue string) {
 			}
 		}
 	}()
+}
+
+// reapOnce runs the relay's lease reaper on queue until it takes id's lease
+// back: the lease expired by Redis's clock, whatever the machine's load.
+func (b *bundle) reapOnce(t *testing.T, queue, id string) {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	for {
+		res, err := b.dq.Reap(ctx, queue, 100)
+		if err != nil {
+			t.Fatalf("reap: %v", err)
+		}
+		if slices.Contains(res.Requeued, id) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the reaper never took %s's lease back", id)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // finish is one run's end, as the finished hook reports it.

@@ -120,21 +120,26 @@ func TestSQLTxHandler(t *testing.T) {
 
 // A database/sql run that outlives its lease while another run of the task
 // commits: the late run's guard refuses it and its writes roll back; one effect.
+// No clock decides the order: the first run holds until the test has seen the
+// reaper take its lease back (so the lease provably expired), and no reaper runs
+// after that, so the second run keeps its lease however slow the machine is.
 func TestSQLTxHandlerLeaseExpired(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	db := b.sqlDB(t)
-	secondDone := make(chan struct{})
-	b.reaper(t, "q")
+	firstRunning, secondDone := make(chan struct{}), make(chan struct{})
 	h := b.start(t, WorkerConfig{Lease: 200 * time.Millisecond, HeartbeatInterval: -1}, func(w *worker) {
 		_ = w.HandleSQLTx("q", db, func(ctx context.Context, tx *sql.Tx, tk *Task) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (task_id, attempt) VALUES ($1, $2)`, tk.ID, tk.Attempt); err != nil {
 				return err
 			}
 			if tk.Attempt == 1 {
-				select { // the lease expires meanwhile; attempt 2 commits
+				close(firstRunning)
+				select { // the lease is reaped meanwhile; attempt 2 commits
 				case <-secondDone:
-				case <-time.After(30 * time.Second):
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(time.Minute):
 					return errors.New("attempt 2 never finished")
 				}
 			}
@@ -142,6 +147,8 @@ func TestSQLTxHandlerLeaseExpired(t *testing.T) {
 		}, QueueConfig{})
 	})
 	b.enqueue(t, task("q", "x"))
+	<-firstRunning
+	b.reapOnce(t, "q", "x")
 	second := h.expect(t, "x", outSucceeded)
 	if second.task.Attempt != 2 {
 		t.Fatalf("first to finish: attempt %d", second.task.Attempt)
