@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
@@ -135,8 +136,21 @@ func TestLimitsAgree(t *testing.T) {
 	}
 
 	// The relay moves every accepted row, whatever the Redis client's own payload
-	// limit (its default, 64 KiB, here).
-	rl, err := relay.New(b.pool, b.dq, relay.Config{Registerer: prometheus.NewRegistry(),
+	// limit (its default, 64 KiB, here). Three 16 MiB payloads cross Redis in one
+	// round: the only clock is the test's deadline, not go-redis's 3 s socket
+	// deadlines or the relay's 30 s round, which a loaded machine can outlast
+	// (a round that times out is retried whole, and may time out again).
+	opt, err := redis.ParseURL(b.env["REDIS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.ReadTimeout, opt.WriteTimeout, opt.ContextTimeoutEnabled = -1, -1, true
+	patient := redis.NewClient(opt)
+	t.Cleanup(func() { _ = patient.Close() })
+	if b.dq, err = dispatch.New(patient, dispatch.Config{Prefix: b.prefix}); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := relay.New(b.pool, b.dq, relay.Config{Registerer: prometheus.NewRegistry(), RoundTimeout: 2 * time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
