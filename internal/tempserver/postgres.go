@@ -78,11 +78,9 @@ func startLocalPostgres(ctx context.Context, bin string, opts PostgresOptions) (
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "data", "PG_VERSION")); err != nil {
-		cmd := as.command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "postgres",
-			"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		if err := as.initData(bin, filepath.Join(dir, "data")); err != nil {
 			removeDir()
-			return nil, fmt.Errorf("initdb: %w: %s", err, out)
+			return nil, err
 		}
 	}
 	if pg.port == 0 {
@@ -96,6 +94,51 @@ func startLocalPostgres(ctx context.Context, bin string, opts PostgresOptions) (
 		return nil, err
 	}
 	return pg, nil
+}
+
+// initData puts a new cluster's data directory at data. initdb takes seconds on
+// a loaded machine and every test binary starts a server, so its output is kept
+// once per machine (per initdb binary and user) in the temporary directory and
+// copied, a fraction of that; where the copy fails, initdb runs.
+func (r runAs) initData(bin, data string) error {
+	initdb := filepath.Join(bin, "initdb")
+	fi, err := os.Stat(initdb)
+	if err != nil {
+		return err
+	}
+	uid := os.Geteuid()
+	if r.set {
+		uid = int(r.uid)
+	}
+	cache := filepath.Join(os.TempDir(), fmt.Sprintf("delayq-initdb-%d-%d-%d", uid, fi.Size(), fi.ModTime().UnixNano()))
+	if _, err := os.Stat(filepath.Join(cache, "PG_VERSION")); err != nil {
+		tmp, err := r.mkdirFor("", "delayq-initdb-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := r.initdb(initdb, filepath.Join(tmp, "data")); err != nil {
+			return err
+		}
+		// Atomic: a copy never sees half a cluster; a concurrent binary that
+		// renamed first wins, and this one's output is removed.
+		_ = os.Rename(filepath.Join(tmp, "data"), cache)
+	}
+	if out, err := r.command("cp", "-a", cache, data).CombinedOutput(); err != nil {
+		_ = os.RemoveAll(data)
+		if err := r.initdb(initdb, data); err != nil {
+			return fmt.Errorf("%w (after copying %s failed: %s)", err, cache, out)
+		}
+	}
+	return nil
+}
+
+func (r runAs) initdb(initdb, data string) error {
+	cmd := r.command(initdb, "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	return nil
 }
 
 // URL is a connection URL for database "postgres" as superuser.
