@@ -51,9 +51,13 @@ build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile build
 browser: ## Make sure a headless Chromium is there for the dashboard's browser tests (installs it on Debian/Ubuntu).
 	@bash .ci/browser
 
+# The slow suites run after the others, at go test's own parallelism: several
+# fault scenarios at once exhaust their server's connections, and the rate-limit
+# scenario needs a machine faster than its limit.
 .PHONY: test
 test: servers browser ## Run every test of every module against real servers, with the race detector.
-	$(WITHSERVERS) test -- $(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x $(PKGS)
+	$(WITHSERVERS) test -- $(GO) test $(TESTFLAGS) -timeout 20m -bench . -benchtime 1x $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
+	$(WITHSERVERS) test -- $(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x $$($(GO) list $(PKGS) | grep -E '$(SLOW_PKGS)')
 
 # The quick loop leaves out the suites that take minutes whatever -short says:
 # faults (processes killed, servers restarted), clustertest (Redis Clusters),
@@ -62,9 +66,17 @@ test: servers browser ## Run every test of every module against real servers, wi
 # big cases under -short (testing.Short).
 SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/dockerserver)$$
 
+# Most of a test's time is waiting (on a lease, a relay round, a server), not
+# CPU: -parallel 8 lets a package's t.Parallel tests wait together (the default
+# is GOMAXPROCS, 2 here) and -p 4 runs four test binaries at once. The race
+# detector's 1 s sleep at each binary's exit (GORACE atexit_sleep_ms), for
+# reports from goroutines still running, is left out of the quick loop: testenv.Main
+# fails a package whose goroutines outlive its tests, and `make test` keeps it.
+TESTFLAGS := -race -count=1 -p 4 -parallel 8
+
 .PHONY: test-short
-test-short: servers ## The quick loop (under 2 minutes): -short -race, without the fault, cluster, security and bench suites.
-	$(WITHSERVERS) test -- $(GO) test -short -race -count=1 -timeout 5m $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
+test-short: servers ## The quick loop (about 90 s on 2 cores, see CONTRIBUTING): -short -race, without the fault, cluster, security and bench suites.
+	GORACE="atexit_sleep_ms=0 $${GORACE:-}" $(WITHSERVERS) test -- $(GO) test -short $(TESTFLAGS) -timeout 5m $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
 
 .PHONY: bench
 bench: servers ## Run the benchmark workloads (delayq bench) and the micro benchmarks.
