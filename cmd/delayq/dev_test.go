@@ -45,12 +45,23 @@ func TestDevCommand(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel) // after the parallel subtests
+	// dev's temporary directory is the test's own: other test binaries running
+	// at the same time start servers in the machine's. The server's user (root
+	// runs it as postgres) must reach it.
+	tmp, err := os.MkdirTemp("", "delayq-devtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
 
 	// dev starts the servers, checks them with check, then stops with SIGINT.
 	dev := func(t *testing.T, check func(env map[string]string), args ...string) {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + tmp}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
@@ -105,7 +116,7 @@ func TestDevCommand(t *testing.T) {
 
 	t.Run("throwaway", func(t *testing.T) {
 		t.Parallel()
-		before, _ := filepath.Glob(filepath.Join(os.TempDir(), "delayq-pg-*"))
+		before, _ := filepath.Glob(filepath.Join(tmp, "delayq-pg-*"))
 		dev(t, func(env map[string]string) {
 			if err := pgExec(env, `CREATE TABLE orders (id int)`); err != nil {
 				t.Error(err)
@@ -116,7 +127,7 @@ func TestDevCommand(t *testing.T) {
 				t.Error(err)
 			}
 		})
-		after, _ := filepath.Glob(filepath.Join(os.TempDir(), "delayq-pg-*"))
+		after, _ := filepath.Glob(filepath.Join(tmp, "delayq-pg-*"))
 		if len(after) > len(before) {
 			t.Errorf("data left behind: %v (before: %v)", after, before)
 		}
