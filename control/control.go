@@ -52,7 +52,7 @@ type DB interface {
 var (
 	// ErrNotMirrored reports a change committed in Postgres whose write into Redis
 	// failed: the change stands and is returned with the error, and the relay's
-	// control sync (relay.ControlSyncInterval) writes it into Redis.
+	// control sync (every 2s) writes it into Redis.
 	ErrNotMirrored = queuectl.ErrNotMirrored
 	// ErrTransaction reports a pgx.Tx given to New.
 	ErrTransaction = queuectl.ErrTransaction

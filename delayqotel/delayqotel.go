@@ -136,22 +136,16 @@ func NewRelayObserver(opts *Options) *RelayObserver {
 	return &RelayObserver{tracer: opts.tracer()}
 }
 
-// Observe records the spans of a MoveEvent; it ignores the other events.
-func (o *RelayObserver) Observe(ctx context.Context, e relay.Event) {
-	m, ok := e.(relay.MoveEvent)
-	if !ok {
-		return
-	}
+// Move records a span for each task with a trace context the round moved.
+func (o *RelayObserver) Move(ctx context.Context, m relay.MoveEvent) {
 	end := m.Start.Add(m.Duration)
-	for _, qt := range m.Tasks {
-		for _, t := range qt.Tasks {
-			if t.TraceContext == "" {
-				continue
-			}
-			_, span := o.tracer.Start(Extract(ctx, t.TraceContext), "delayq.relay "+qt.Queue,
-				trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(m.Start),
-				trace.WithAttributes(taskAttrs(qt.Queue, t.ID)...))
-			span.End(trace.WithTimestamp(end))
+	for _, t := range m.Tasks {
+		if t.TraceContext == "" {
+			continue
 		}
+		_, span := o.tracer.Start(Extract(ctx, t.TraceContext), "delayq.relay "+t.Queue,
+			trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(m.Start),
+			trace.WithAttributes(taskAttrs(t.Queue, t.ID)...))
+		span.End(trace.WithTimestamp(end))
 	}
 }

@@ -13,29 +13,30 @@ import (
 	"github.com/delayq/delayq/schedule"
 )
 
-// Defaults of Config.
+// Defaults of Config (its fields' comments state them; Config{}.WithDefaults()
+// has them all).
 const (
-	DefaultHorizon           = time.Hour
-	DefaultBatchSize         = 1000
-	DefaultPollInterval      = 5 * time.Second
-	DefaultReapInterval      = time.Second
-	DefaultReapBatch         = 1000
-	DefaultRetention         = 7 * 24 * time.Hour
-	DefaultRetentionBatch    = 1000
-	DefaultRetentionInterval = time.Minute
-	DefaultStatsInterval     = 15 * time.Second
-	DefaultQueueRefresh      = 30 * time.Second
-	DefaultBackoffMin        = 100 * time.Millisecond
-	DefaultBackoffMax        = 5 * time.Second
-	DefaultRoundTimeout      = 30 * time.Second
-	DefaultRepairRate        = 5000
-	DefaultRepairBatch       = 500
-	DefaultRepairPause       = 30 * time.Second
-	DefaultLossCheckInterval = time.Second
-	DefaultLeaderRetry       = 5 * time.Second
-	DefaultOverdueAfter      = time.Minute
-	DefaultFollowUp          = 5 * time.Millisecond
-	DefaultFollowUpFor       = 100 * time.Millisecond
+	defaultHorizon           = time.Hour
+	defaultBatchSize         = 1000
+	defaultPollInterval      = 5 * time.Second
+	defaultReapInterval      = time.Second
+	defaultReapBatch         = 1000
+	defaultRetention         = 7 * 24 * time.Hour
+	defaultRetentionBatch    = 1000
+	defaultRetentionInterval = time.Minute
+	defaultStatsInterval     = 15 * time.Second
+	defaultQueueRefresh      = 30 * time.Second
+	defaultBackoffMin        = 100 * time.Millisecond
+	defaultBackoffMax        = 5 * time.Second
+	defaultRoundTimeout      = 30 * time.Second
+	defaultRepairRate        = 5000
+	defaultRepairBatch       = 500
+	defaultRepairPause       = 30 * time.Second
+	defaultLossCheckInterval = time.Second
+	defaultLeaderRetry       = 5 * time.Second
+	defaultOverdueAfter      = time.Minute
+	defaultFollowUp          = 5 * time.Millisecond
+	defaultFollowUpFor       = 100 * time.Millisecond
 )
 
 // Config configures a Relay. The zero value means every default. Durations that
@@ -179,27 +180,27 @@ func (c Config) WithDefaults() Config {
 	if c.NotifyChannel == "" {
 		c.NotifyChannel = outbox.DefaultNotifyChannel
 	}
-	def(&c.QueueRefresh, DefaultQueueRefresh)
-	def(&c.Horizon, DefaultHorizon)
-	defInt(&c.BatchSize, DefaultBatchSize)
-	def(&c.PollInterval, DefaultPollInterval)
-	def(&c.RoundTimeout, DefaultRoundTimeout)
-	def(&c.FollowUp, DefaultFollowUp)
-	def(&c.FollowUpFor, DefaultFollowUpFor)
-	def(&c.ReapInterval, DefaultReapInterval)
-	defInt(&c.ReapBatch, DefaultReapBatch)
-	def(&c.Retention, DefaultRetention)
-	defInt(&c.RetentionBatch, DefaultRetentionBatch)
-	def(&c.RetentionInterval, DefaultRetentionInterval)
-	def(&c.StatsInterval, DefaultStatsInterval)
-	def(&c.BackoffMin, DefaultBackoffMin)
-	def(&c.BackoffMax, DefaultBackoffMax)
-	defInt(&c.RepairRate, DefaultRepairRate)
-	defInt(&c.RepairBatch, DefaultRepairBatch)
-	def(&c.RepairPause, DefaultRepairPause)
-	def(&c.LossCheckInterval, DefaultLossCheckInterval)
-	def(&c.LeaderRetry, DefaultLeaderRetry)
-	def(&c.OverdueAfter, DefaultOverdueAfter)
+	def(&c.QueueRefresh, defaultQueueRefresh)
+	def(&c.Horizon, defaultHorizon)
+	defInt(&c.BatchSize, defaultBatchSize)
+	def(&c.PollInterval, defaultPollInterval)
+	def(&c.RoundTimeout, defaultRoundTimeout)
+	def(&c.FollowUp, defaultFollowUp)
+	def(&c.FollowUpFor, defaultFollowUpFor)
+	def(&c.ReapInterval, defaultReapInterval)
+	defInt(&c.ReapBatch, defaultReapBatch)
+	def(&c.Retention, defaultRetention)
+	defInt(&c.RetentionBatch, defaultRetentionBatch)
+	def(&c.RetentionInterval, defaultRetentionInterval)
+	def(&c.StatsInterval, defaultStatsInterval)
+	def(&c.BackoffMin, defaultBackoffMin)
+	def(&c.BackoffMax, defaultBackoffMax)
+	defInt(&c.RepairRate, defaultRepairRate)
+	defInt(&c.RepairBatch, defaultRepairBatch)
+	def(&c.RepairPause, defaultRepairPause)
+	def(&c.LossCheckInterval, defaultLossCheckInterval)
+	def(&c.LeaderRetry, defaultLeaderRetry)
+	def(&c.OverdueAfter, defaultOverdueAfter)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

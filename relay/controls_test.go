@@ -9,6 +9,7 @@ import (
 
 	"github.com/delayq/delayq/control"
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -62,12 +63,12 @@ func TestControlSyncRepairsAFailedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.start(t, relay.Config{})
-	deadline := time.After(3 * relay.ControlSyncInterval)
+	deadline := time.After(3 * queuectl.SyncInterval)
 	for woken := 0; woken < 3; woken++ { // one a shard
 		select {
 		case <-sub.Channel():
 		case <-deadline:
-			t.Fatalf("%d of 3 shards woken by the relay's control sync in %v", woken, 3*relay.ControlSyncInterval)
+			t.Fatalf("%d of 3 shards woken by the relay's control sync in %v", woken, 3*queuectl.SyncInterval)
 		}
 	}
 	got, v, err := b.dq.Controls(ctx, "mail")

@@ -46,10 +46,8 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := rl.CheckOutbox(ctx); err != nil {
-		log.Fatal(err) // run the migrations first
-	}
-	// Returns nil after SIGTERM, once the round in hand is committed.
+	// Returns nil after SIGTERM, once the round in hand is committed; at once
+	// with outbox.ErrNotMigrated when the migrations have not run.
 	if err := rl.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
+	"github.com/delayq/delayq/internal/relayobs"
 )
 
 // Self-healing (docs/DESIGN.md, "Self-healing"). One relay of those sharing an
@@ -97,7 +98,7 @@ func (r *Relay) setLeader(on bool) {
 		r.heal.repairing = ""
 		r.heal.mu.Unlock()
 	}
-	r.observe(context.Background(), LeaderEvent{Leading: on})
+	r.observe(context.Background(), relayobs.LeaderEvent{Leading: on})
 }
 
 // lead returns a connection holding the leader's advisory lock, or nil when
@@ -266,7 +267,7 @@ func (h *healer) check(ctx context.Context) error {
 // one (not at a term's start).
 func (h *healer) lossDetected(reason string, shards []string, loss bool) {
 	if loss {
-		h.r.observe(context.Background(), RedisLossEvent{Reason: reason, Shards: shards})
+		h.r.observe(context.Background(), relayobs.RedisLossEvent{Reason: reason, Shards: shards})
 		h.r.cfg.Logger.Warn("relay: "+reason+"; repairing from PostgreSQL at once", "shards", shards)
 	} else {
 		h.r.cfg.Logger.Info("relay: "+reason, "shards", shards)
@@ -369,7 +370,7 @@ func (h *healer) runPass(ctx context.Context) error {
 			}
 			h.marks = marks
 		}
-		r.observe(ctx, PassEvent{Rows: rep.Rows, Found: rep.Found, Repaired: rep.Repaired, Duration: time.Since(begun)})
+		r.observe(ctx, relayobs.PassEvent{Rows: rep.Rows, Found: rep.Found, Repaired: rep.Repaired, Duration: time.Since(begun)})
 		r.heal.mu.Lock()
 		wasRepairing := r.heal.repairing
 		r.heal.repairing = ""
@@ -404,7 +405,7 @@ func (r *Relay) countDivergences(q string, before, after reconcile.Report) {
 		was := before.Kinds[k]
 		found, repaired := b.Found-was.Found, b.Repaired-was.Repaired
 		if found > 0 || repaired > 0 {
-			r.observe(context.Background(), DivergenceEvent{Queue: q, Kind: k, Found: found, Repaired: repaired,
+			r.observe(context.Background(), relayobs.DivergenceEvent{Queue: q, Kind: k, Found: found, Repaired: repaired,
 				Sample: b.Samples[len(was.Samples):]})
 		}
 		if found > 0 {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/internal/relayobs"
 )
 
 // health tracks whether a server is reachable, so that an outage is logged once
@@ -74,7 +76,7 @@ func (h *health) ok() {
 // server cannot be reached and are logged once per outage.
 // kind is the label of delayq_relay_errors_total.
 func (r *Relay) pgErr(kind, op string, err error) error {
-	r.observe(context.Background(), ErrorEvent{Kind: kind, Op: op, Err: err})
+	r.observe(context.Background(), relayobs.ErrorEvent{Kind: kind, Op: op, Err: err})
 	if isPgReply(err) {
 		r.pg.ok()
 		r.cfg.Logger.Error("relay: PostgreSQL error", "op", op, "error", err.Error())
@@ -107,7 +109,7 @@ func isPgReply(err error) bool {
 
 // redisErr counts and reports an error of Redis, as pgErr does.
 func (r *Relay) redisErr(kind, op string, err error) error {
-	r.observe(context.Background(), ErrorEvent{Kind: kind, Op: op, Err: err})
+	r.observe(context.Background(), relayobs.ErrorEvent{Kind: kind, Op: op, Err: err})
 	if isRedisReply(err) {
 		r.rd.ok()
 		r.cfg.Logger.Error("relay: Redis error", "op", op, "error", err.Error())

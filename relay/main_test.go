@@ -74,7 +74,7 @@ func (b testBundle) startDQ(t *testing.T, dq *dispatch.Client, cfg relay.Config)
 }
 
 // startOn runs a relay on pool and dq until the test ends, as start does.
-func startOn(t *testing.T, pool relay.DB, dq *dispatch.Client, cfg relay.Config) running {
+func startOn(t *testing.T, pool *pgxpool.Pool, dq *dispatch.Client, cfg relay.Config) running {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg

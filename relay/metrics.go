@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/promreg"
+	"github.com/delayq/delayq/internal/relayobs"
 )
 
 // metrics are the relay's Prometheus collectors, registered on Config.Registerer:
@@ -147,44 +148,44 @@ const (
 )
 
 // Observe records e in the collectors.
-func (m *metrics) Observe(_ context.Context, e Event) {
+func (m *metrics) Observe(_ context.Context, e relayobs.Event) {
 	switch e := e.(type) {
-	case MoveEvent:
+	case relayobs.MoveEvent:
 		m.rows.WithLabelValues("added").Add(float64(e.Added))
 		m.rows.WithLabelValues("duplicate").Add(float64(e.Duplicate))
 		m.rows.WithLabelValues("replaced").Add(float64(e.Replaced))
 		m.rows.WithLabelValues("invalid").Add(float64(e.Invalid))
 		m.batch.Observe(e.Duration.Seconds())
-	case ReapEvent:
+	case relayobs.ReapEvent:
 		m.reaped.WithLabelValues("requeued").Add(float64(e.Requeued))
 		m.reaped.WithLabelValues("dead").Add(float64(e.Dead))
 		m.reaped.WithLabelValues("finished").Add(float64(e.Finished))
 		m.reaped.WithLabelValues("orphan").Add(float64(e.Orphans))
-	case ErrorEvent:
+	case relayobs.ErrorEvent:
 		m.errs.WithLabelValues(e.Kind).Inc()
-	case RetentionEvent:
+	case relayobs.RetentionEvent:
 		m.retention.Add(float64(e.Deleted))
-	case DivergenceEvent:
+	case relayobs.DivergenceEvent:
 		if e.Found > 0 {
 			m.divergences.WithLabelValues(string(e.Kind), "found").Add(float64(e.Found))
 		}
 		if e.Repaired > 0 {
 			m.divergences.WithLabelValues(string(e.Kind), "repaired").Add(float64(e.Repaired))
 		}
-	case RedisLossEvent:
+	case relayobs.RedisLossEvent:
 		m.losses.Inc()
-	case LeaderEvent:
+	case relayobs.LeaderEvent:
 		m.leader.Set(map[bool]float64{true: 1, false: 0}[e.Leading])
-	case PassEvent:
+	case relayobs.PassEvent:
 		m.passAge.last.Store(time.Now().UnixNano())
-	case LagEvent:
+	case relayobs.LagEvent:
 		m.lag.Set(e.Lag.Seconds())
-	case DepthEvent:
+	case relayobs.DepthEvent:
 		for state, n := range map[delayqtype.State]int64{delayqtype.StatePending: e.Pending, delayqtype.StateQueued: e.Queued,
 			delayqtype.StateDead: e.Dead, delayqtype.StateDone: e.Done, delayqtype.StateCancelled: e.Cancelled} {
 			m.depth.WithLabelValues(string(state)).Set(float64(n))
 		}
-	case OverdueEvent:
+	case relayobs.OverdueEvent:
 		m.overdue.WithLabelValues(e.Queue).Set(float64(e.Tasks))
 	}
 }

@@ -109,7 +109,7 @@ func TestLoneNearDueEnqueue(t *testing.T) {
 	b.commitNow(t, b.ob, "warm", "a")
 	b.waitReady(t, 10*time.Second, "warm", "a")
 	// Past the follow-up of the warm-up's notification: the relay idles.
-	time.Sleep(3 * relay.DefaultFollowUpFor)
+	time.Sleep(3 * relay.Config{}.WithDefaults().FollowUpFor)
 	b.commitNow(t, b.ob, "lone", "a")
 	d := b.waitReady(t, 2*time.Second, "lone", "a")
 	t.Logf("lone near-due enqueue: in Redis %v after its commit", d)
@@ -343,7 +343,7 @@ func TestSkippedNotificationHeldOpen(t *testing.T) {
 		queue := fmt.Sprintf("held-%d", i)
 		// Past the follow-up of the last notification: the relay idles, and only
 		// this scenario's notifications (or follow-up) can move b.
-		time.Sleep(3 * relay.DefaultFollowUpFor)
+		time.Sleep(3 * relay.Config{}.WithDefaults().FollowUpFor)
 		committed := b.heldOpen(t, ob, queue, hold, true)
 		d := b.waitInRedis(t, committed, time.Second, queue, "b")
 		n := l.count(t, b, queue) // after: its marker wakes the relay

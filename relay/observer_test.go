@@ -11,31 +11,41 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
+	"github.com/delayq/delayq/internal/relayobs"
 	"github.com/delayq/delayq/relay"
 )
 
-// eventRecorder is an Observer that keeps the events it saw.
-type eventRecorder struct {
-	mu     sync.Mutex
-	events []relay.Event
+// moveRecorder is a user's Observer: it keeps the moves it saw.
+type moveRecorder struct {
+	mu  sync.Mutex
+	all []relay.MoveEvent
 }
 
-func (r *eventRecorder) Observe(_ context.Context, e relay.Event) {
+func (r *moveRecorder) Move(_ context.Context, e relay.MoveEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, e)
+}
+
+func (r *moveRecorder) moves() []relay.MoveEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.all)
+}
+
+// eventRecorder is an Observer of the module's own that keeps every event the
+// relay sent it.
+type eventRecorder struct {
+	mu     sync.Mutex
+	events []relayobs.Event
+}
+
+func (*eventRecorder) Move(context.Context, relay.MoveEvent) {}
+
+func (r *eventRecorder) Observe(_ context.Context, e relayobs.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
-}
-
-func (r *eventRecorder) moves() []relay.MoveEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []relay.MoveEvent
-	for _, e := range r.events {
-		if m, ok := e.(relay.MoveEvent); ok {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // Two relays and a worker share one registry (the collectors, counters adding
@@ -45,7 +55,7 @@ func TestObserverAndSharedRegistry(t *testing.T) {
 	b := setup(t)
 	ctx := ctxT(t)
 	reg := prometheus.NewRegistry()
-	rec1, rec2 := &eventRecorder{}, &eventRecorder{}
+	rec1, rec2 := &moveRecorder{}, &moveRecorder{}
 	r1, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg, Observer: rec1})
 	if err != nil {
 		t.Fatal(err)
@@ -72,10 +82,8 @@ func TestObserverAndSharedRegistry(t *testing.T) {
 		t.Fatalf("moves %+v / %+v, want one each", m1, m2)
 	}
 	var ids []string
-	for _, qt := range m1[0].Tasks {
-		for _, tk := range qt.Tasks {
-			ids = append(ids, qt.Queue+"/"+tk.ID)
-		}
+	for _, tk := range m1[0].Tasks {
+		ids = append(ids, tk.Queue+"/"+tk.ID)
 	}
 	slices.Sort(ids)
 	if m1[0].Added != 2 || !slices.Equal(ids, []string{"obs/a", "obs/b"}) || m1[0].Duration <= 0 || m1[0].Start.IsZero() {
@@ -117,7 +125,7 @@ func TestObserverErrors(t *testing.T) {
 	if len(rec.events) != 1 {
 		t.Fatalf("events %+v, want one", rec.events)
 	}
-	if e, ok := rec.events[0].(relay.ErrorEvent); !ok || e.Kind != "postgres" || e.Err == nil {
+	if e, ok := rec.events[0].(relayobs.ErrorEvent); !ok || e.Kind != "postgres" || e.Err == nil {
 		t.Errorf("event %+v, want a postgres ErrorEvent", rec.events[0])
 	}
 }

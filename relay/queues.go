@@ -2,26 +2,18 @@ package relay
 
 import (
 	"context"
-	"time"
 
+	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/reconcile"
 )
 
-// ControlSyncInterval is how often the relay writes the queue controls (pause,
-// rate limit, shard count) from Postgres into Redis's copy. The control
-// operations (package control, the CLI, the dashboard) write both stores
-// themselves; this sync is their repair: it restores a Redis write that failed
-// (control.ErrNotMirrored), or a Redis that lost its data. Each write is keyed by
-// the controls' version, so it never undoes a newer change.
-const ControlSyncInterval = 2 * time.Second
-
-// controlLoop mirrors the queue controls every ControlSyncInterval.
+// controlLoop mirrors the queue controls every queuectl.SyncInterval.
 func (r *Relay) controlLoop(ctx context.Context) {
 	for {
 		if err := r.syncControls(ctx); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("relay: mirror queue controls", "error", err.Error())
 		}
-		if !sleep(ctx, ControlSyncInterval) {
+		if !sleep(ctx, queuectl.SyncInterval) {
 			return
 		}
 	}

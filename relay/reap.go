@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/delayq/delayq/internal/relayobs"
 	"github.com/delayq/delayq/internal/transition"
 )
 
@@ -41,7 +42,7 @@ func (r *Relay) reapOnce(ctx context.Context) {
 				break
 			}
 			r.rd.ok()
-			r.observe(ctx, ReapEvent{Queue: q, Requeued: len(res.Requeued), Orphans: len(res.Orphans)})
+			r.observe(ctx, relayobs.ReapEvent{Queue: q, Requeued: len(res.Requeued), Orphans: len(res.Orphans)})
 			for part := range slices.Chunk(res.Exhausted, 1000) {
 				r.settleExhausted(opCtx, q, part)
 			}
@@ -72,7 +73,7 @@ func (r *Relay) settleExhausted(ctx context.Context, queue string, ids []string)
 	if res.Tasks == 0 {
 		return
 	}
-	r.observe(ctx, ReapEvent{Queue: queue, Dead: res.Killed, Finished: res.Removed})
+	r.observe(ctx, relayobs.ReapEvent{Queue: queue, Dead: res.Killed, Finished: res.Removed})
 	r.cfg.Logger.Info("relay: reaper settled tasks whose last lease expired",
 		"queue", queue, "tasks", res.Tasks, "dead_rows", res.DeadRows, "dead", res.Killed, "removed_finished", res.Removed)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/relayobs"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -25,13 +26,13 @@ import (
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
 // finished rows. Create it with New and start it with Run.
 type Relay struct {
-	pool  DB
+	pool  *pgxpool.Pool
 	dq    *dispatch.Client
 	cfg   Config
 	sql   taskstate.Statements // reads
 	ops   *transition.Ops      // every write of a task's state
 	table string
-	obs   Observer // the Prometheus observer, Config.Observer and stats
+	obs   relayobs.Observer // the Prometheus observer, Config.Observer and stats
 	stats statsObserver
 
 	pg, rd *health // state of the two servers, for logs once per change
@@ -50,24 +51,12 @@ type Relay struct {
 	noShards atomic.Bool  // the role may not read delayq_queues: no ShardedQueues
 }
 
-// DB is what a Relay needs of Postgres: statements, transactions (reconcile's
-// repairs) and connections it holds (its rounds while they follow one another,
-// LISTEN, the healing leader's advisory lock). *pgxpool.Pool satisfies it, and so
-// does a wrapper of one.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
-
-var _ DB = (*pgxpool.Pool)(nil)
-
-// New returns a Relay on pool (the outbox database: a *pgxpool.Pool, or anything
-// that is a DB) and dq (the Redis side). cfg is completed with WithDefaults and
-// validated; the metrics are registered on cfg.Registerer.
-func New(pool DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
+// New returns a Relay on pool (the outbox database; the relay holds some of its
+// connections: its rounds while they follow one another, LISTEN, the healing
+// leader's advisory lock) and dq (the Redis side, which delayq.New builds). cfg is
+// completed with WithDefaults and validated; the metrics are registered on
+// cfg.Registerer.
+func New(pool *pgxpool.Pool, dq *dispatch.Client, cfg Config) (*Relay, error) {
 	if pool == nil || dq == nil {
 		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
 	}
@@ -85,7 +74,7 @@ func New(pool DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
 		ops:   transition.New(store, dq),
 		wake:  make(chan struct{}, 1),
 	}
-	var prom Observer
+	var prom relayobs.Observer
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer)
 		if err != nil {
@@ -93,7 +82,7 @@ func New(pool DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
 		}
 		prom = m
 	}
-	r.obs = Observers(prom, cfg.Observer, &r.stats)
+	r.obs = relayobs.Observers(prom, observerOf(cfg.Observer), &r.stats)
 	r.pg = newHealth("PostgreSQL", cfg.Logger)
 	r.rd = newHealth("Redis", cfg.Logger)
 	return r, nil
@@ -102,9 +91,9 @@ func New(pool DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
 // Config returns the effective configuration (defaults applied).
 func (r *Relay) Config() Config { return r.cfg }
 
-// CheckOutbox reports outbox.ErrNotMigrated when the outbox table does not
-// exist, so a command can stop with a clear message instead of retrying.
-func (r *Relay) CheckOutbox(ctx context.Context) error {
+// checkOutbox reports outbox.ErrNotMigrated when the outbox table does not
+// exist, so Run can stop with a clear message instead of retrying.
+func (r *Relay) checkOutbox(ctx context.Context) error {
 	var found bool
 	if err := r.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.table).Scan(&found); err != nil {
 		return fmt.Errorf("relay: look for the outbox table: %w", err)
@@ -127,7 +116,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	// A schema never migrated fails every round: say so once and stop. (A server
 	// that cannot be reached yet is the loops' to wait for.)
-	if err := r.CheckOutbox(ctx); errors.Is(err, outbox.ErrNotMigrated) {
+	if err := r.checkOutbox(ctx); errors.Is(err, outbox.ErrNotMigrated) {
 		return err
 	}
 	var wg sync.WaitGroup
@@ -320,7 +309,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 			}
 		}
 	}
-	r.observe(ctx, MoveEvent{Added: added, Duplicate: dup, Replaced: repl, Invalid: len(bad),
+	r.observe(ctx, relayobs.MoveEvent{Added: added, Duplicate: dup, Replaced: repl, Invalid: len(bad),
 		Tasks: batches, Start: start, Duration: time.Since(start)})
 	if len(bad) > 0 {
 		r.cfg.Logger.Error("relay: rows Redis refuses were set dead", "rows", len(bad),
@@ -435,10 +424,10 @@ func (r *Relay) untilNext(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	if next == nil {
-		r.observe(ctx, LagEvent{})
+		r.observe(ctx, relayobs.LagEvent{})
 		return r.cfg.PollInterval, nil
 	}
-	r.observe(ctx, LagEvent{Lag: max(0, now.Sub(*next))})
+	r.observe(ctx, relayobs.LagEvent{Lag: max(0, now.Sub(*next))})
 	// Rows within the horizon but locked by another relay look due now; waiting
 	// at least a little keeps this loop from spinning on them.
 	return max(next.Sub(now)-r.cfg.Horizon, r.cfg.BackoffMin), nil

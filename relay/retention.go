@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/delayq/delayq/internal/relayobs"
 )
 
 // retentionLoop prunes finished rows every RetentionInterval, the first time at
@@ -34,7 +36,7 @@ func (r *Relay) prune(ctx context.Context) (deleted int64, batches int, err erro
 		}
 		batches++
 		deleted += n
-		r.observe(ctx, RetentionEvent{Deleted: n})
+		r.observe(ctx, relayobs.RetentionEvent{Deleted: n})
 		if n < int64(r.cfg.RetentionBatch) {
 			break
 		}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/relayobs"
 )
 
 // depthCap bounds the exact counts of pending, queued and dead rows: past it a
@@ -58,7 +59,7 @@ func (r *Relay) refreshStats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.observe(ctx, DepthEvent{Pending: pending, Queued: queued, Dead: dead,
+	r.observe(ctx, relayobs.DepthEvent{Pending: pending, Queued: queued, Dead: dead,
 		Done: estimates[delayqtype.StateDone], Cancelled: estimates[delayqtype.StateCancelled]})
 	return nil
 }
@@ -71,6 +72,6 @@ func (r *Relay) refreshOverdue(ctx context.Context) {
 			r.redisErr(errStats, "overdue "+q, err) //nolint:errcheck // counted and logged
 			return
 		}
-		r.observe(ctx, OverdueEvent{Queue: q, Tasks: n})
+		r.observe(ctx, relayobs.OverdueEvent{Queue: q, Tasks: n})
 	}
 }

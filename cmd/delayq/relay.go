@@ -36,16 +36,17 @@ func (o *relayOptions) parse(m *Main, args []string) error {
 			"  delayq relay --poll-only --poll-interval 1s # behind PgBouncer in transaction mode (no LISTEN)\n"+
 			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq relay --ui   # the dashboard too, on http://127.0.0.1:9090/ui/\n")
 	o.conn.register(fs, m, true, true)
-	fs.DurationVar(&o.horizon, "horizon", relay.DefaultHorizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
-	fs.IntVar(&o.batch, "batch", relay.DefaultBatchSize, "most rows one round moves (1..10000)")
-	fs.DurationVar(&o.pollInterval, "poll-interval", relay.DefaultPollInterval, "longest wait between rounds, the backstop for missed notifications")
+	def := relay.Config{}.WithDefaults() // the flags' defaults are the library's
+	fs.DurationVar(&o.horizon, "horizon", def.Horizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
+	fs.IntVar(&o.batch, "batch", def.BatchSize, "most rows one round moves (1..10000)")
+	fs.DurationVar(&o.pollInterval, "poll-interval", def.PollInterval, "longest wait between rounds, the backstop for missed notifications")
 	fs.BoolVar(&o.pollOnly, "poll-only", false, "poll instead of LISTEN, for PgBouncer in transaction mode: rows due sooner than --poll-interval after their commit reach Redis up to that late (add ?default_query_exec_mode=simple_protocol to the URL)")
-	fs.DurationVar(&o.reapInterval, "reap-interval", relay.DefaultReapInterval, "how often expired leases are taken back; 0 turns the reaper off")
-	fs.DurationVar(&o.retention, "retention", relay.DefaultRetention, "delete done and cancelled rows this long after they finished; 0 keeps them")
+	fs.DurationVar(&o.reapInterval, "reap-interval", def.ReapInterval, "how often expired leases are taken back; 0 turns the reaper off")
+	fs.DurationVar(&o.retention, "retention", def.Retention, "delete done and cancelled rows this long after they finished; 0 keeps them")
 	o.sidecarFlags.register(fs, sidecar.DefaultAddr, "address of /metrics, /healthz and /readyz (loopback by default; ':9090' for all interfaces; empty for none)")
 	fs.StringVar(&o.queues, "queues", "", "comma-separated queues to relay and reap (default: all)")
-	fs.IntVar(&o.repairRate, "repair-rate", relay.DefaultRepairRate, "queued rows a second the self-healing pass compares with Redis; 0 turns self-healing (and Redis loss detection) off")
-	fs.DurationVar(&o.repairPause, "repair-pause", relay.DefaultRepairPause, "pause between two self-healing passes")
+	fs.IntVar(&o.repairRate, "repair-rate", def.RepairRate, "queued rows a second the self-healing pass compares with Redis; 0 turns self-healing (and Redis loss detection) off")
+	fs.DurationVar(&o.repairPause, "repair-pause", def.RepairPause, "pause between two self-healing passes")
 	fs.BoolVar(&o.withUI, "ui", false, "also serve the dashboard under /ui/ on the --listen address; its actions need "+uiTokenEnv+" or "+uiBasicEnv+" (or --ui-read-only)")
 	fs.BoolVar(&o.uiReadOnly, "ui-read-only", false, "with --ui: serve the dashboard without any action")
 	fs.StringVar(&o.schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
@@ -150,7 +151,10 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := rl.CheckOutbox(ctx); err != nil {
+	// A schema never migrated: stop before serving /readyz (Run would too).
+	if ob, err := newOutbox(o.conn.schema); err != nil {
+		return err
+	} else if err := ob.CheckMigrated(ctx, deps.pool); err != nil {
 		return err
 	}
 

@@ -110,7 +110,7 @@ func heldRun(ctx context.Context, s *session, ob *outbox.Client, arrivals *arriv
 	// came after a round, and only a notification starts another before the poll.
 	quick := 0
 	err = waitFor(ctx, 30*time.Second, "the relay to listen", func() (bool, error) {
-		time.Sleep(3 * relay.DefaultFollowUpFor)
+		time.Sleep(3 * relay.Config{}.WithDefaults().FollowUpFor)
 		id := fmt.Sprintf("warmup-%d", time.Now().UnixNano())
 		if _, err := commit(id, 0); err != nil {
 			return false, err
@@ -131,7 +131,7 @@ func heldRun(ctx context.Context, s *session, ob *outbox.Client, arrivals *arriv
 	}
 	for b := range bursts {
 		// Past the follow-up of the last notification: the relay idles.
-		time.Sleep(3 * relay.DefaultFollowUpFor)
+		time.Sleep(3 * relay.Config{}.WithDefaults().FollowUpFor)
 		ids := make([]string, 1+heldProducers)
 		committed := make([]time.Time, 1+heldProducers)
 		ids[0] = fmt.Sprintf("held-%d-notifier", b)

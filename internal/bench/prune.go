@@ -20,14 +20,14 @@ import (
 // their retention (as after a retention shortened, or a relay down for a while),
 // 8 producers commit tasks due in an hour at a steady 200 tasks/s (Soak.Rate when
 // set), each in its own transaction; after 5 s a relay starts, whose first
-// retention pass deletes the backlog in batches of relay.DefaultRetentionBatch
+// retention pass deletes the backlog in batches of relay.Config{}.WithDefaults().RetentionBatch
 // (Soak.RetentionBatch when set); the producers go on 5 s after it ends. Figures:
 // the pass's duration and rows/s, and the enqueue p99 and max before, during and
 // after it.
 func prune(ctx context.Context, s *session, r *Result) error {
 	rows := s.n(1_000_000)
 	rate := cmp.Or(s.env.Soak.Rate, 200)
-	batch := cmp.Or(s.env.Soak.RetentionBatch, relay.DefaultRetentionBatch)
+	batch := cmp.Or(s.env.Soak.RetentionBatch, relay.Config{}.WithDefaults().RetentionBatch)
 	const quiet = 5 * time.Second
 	r.Params["rows"], r.Params["rate"], r.Params["retention_batch"] = rows, rate, batch
 

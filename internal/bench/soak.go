@@ -25,7 +25,7 @@ import (
 
 // Soak shapes the soak workload. Zero fields take the defaults: 10 minutes at
 // 500 tasks/s (both times Env.Scale), a sample every twentieth of the run, finished
-// rows pruned after 5 s every second in batches of relay.DefaultRetentionBatch.
+// rows pruned after 5 s every second in batches of relay.Config{}.WithDefaults().RetentionBatch.
 type Soak struct {
 	Rate              int           // tasks committed a second
 	Duration          time.Duration // of the steady load
@@ -99,7 +99,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 	interval := cmp.Or(cfg.SampleEvery, max(time.Second, duration/20))
 	retention := cmp.Or(cfg.Retention, 5*time.Second)
 	retentionEvery := cmp.Or(cfg.RetentionInterval, time.Second)
-	batch := cmp.Or(cfg.RetentionBatch, relay.DefaultRetentionBatch)
+	batch := cmp.Or(cfg.RetentionBatch, relay.Config{}.WithDefaults().RetentionBatch)
 	producers := max(8, rate/125)
 	r.Params["duration"], r.Params["rate"], r.Params["sample_every"] = duration.String(), rate, interval.String()
 	r.Params["retention"], r.Params["retention_interval"], r.Params["retention_batch"] = retention.String(), retentionEvery.String(), batch

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/relayobs"
 	"github.com/delayq/delayq/relay"
 )
 
@@ -238,9 +239,13 @@ func (t relayTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	}
 }
 
+// Move is relay.Observer's; the tracer wants only the retention's batches, which
+// Observe gets.
+func (relayTracer) Move(context.Context, relay.MoveEvent) {}
+
 // Observe ends a pass at its short batch (the relay calls it after each batch).
-func (t relayTracer) Observe(_ context.Context, e relay.Event) {
-	re, ok := e.(relay.RetentionEvent)
+func (t relayTracer) Observe(_ context.Context, e relayobs.Event) {
+	re, ok := e.(relayobs.RetentionEvent)
 	if !ok {
 		return
 	}

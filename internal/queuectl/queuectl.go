@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,12 +26,20 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
+// SyncInterval is how often the relay writes the queue controls (pause,
+// rate limit, shard count) from Postgres into Redis's copy. The control
+// operations (package control, the CLI, the dashboard) write both stores
+// themselves; this sync is their repair: it restores a Redis write that failed
+// (control.ErrNotMirrored), or a Redis that lost its data. Each write is keyed by
+// the controls' version, so it never undoes a newer change.
+const SyncInterval = 2 * time.Second
+
 // Control is one queue's controls as Postgres holds them, with their version.
 type Control = taskstate.QueueControl
 
 // ErrNotMirrored reports a change committed in Postgres whose write into Redis
 // failed: the change stands (Postgres is the truth) and the relay's control sync
-// writes it into Redis within relay.ControlSyncInterval. The operation returns
+// writes it into Redis within SyncInterval. The operation returns
 // the committed controls with it.
 var ErrNotMirrored = errors.New("committed in PostgreSQL, not yet in Redis")
 
@@ -181,7 +190,7 @@ func mirror(ctx context.Context, dq *dispatch.Client, ctl Control) (applied bool
 // Postgres into Redis, each at its version, so it never undoes a newer change,
 // and returns how many Redis was behind on (with dryRun, found and left). An
 // outbox not migrated to 00004 has no controls: 0, nil. The relay runs it every
-// relay.ControlSyncInterval, reconcile once per run.
+// SyncInterval, reconcile once per run.
 func Restore(ctx context.Context, db taskstate.Querier, dq *dispatch.Client, schema string, dryRun bool) (int, error) {
 	if schema == "" {
 		schema = "public"

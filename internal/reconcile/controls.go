@@ -13,7 +13,7 @@ import (
 // newer change (queuectl.Restore, the copy's one writer besides the control
 // operations). It returns how many Redis was behind on (restored; with
 // Options.DryRun, found and left). An outbox not migrated to 00004 has no
-// controls: 0, nil. The relay runs it every relay.ControlSyncInterval,
+// controls: 0, nil. The relay runs it every the relay's queuectl.SyncInterval,
 // Reconcile once per run.
 func RestoreControls(ctx context.Context, db DB, dq *dispatch.Client, opts Options) (int, error) {
 	o, _, err := opts.prepare()
