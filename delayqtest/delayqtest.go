@@ -248,7 +248,7 @@ func (e *Env) work(ctx context.Context, t testing.TB, c *delayq.Client, queue, i
 	if last {
 		r.Attempt = r.MaxAttempts - 1 // the claim counts the last one
 	}
-	ops := transition.New(taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel}), e.dq)
+	ops := transition.New(taskstate.New(taskstate.Config{Schema: taskstate.DefaultSchema, NotifyChannel: taskstate.DefaultNotifyChannel}), e.dq)
 	if err := ops.Expedite(ctx, queue, r); err != nil {
 		t.Fatalf("delayqtest: make %s/%s due in redis: %v", queue, id, err)
 	}
@@ -341,7 +341,7 @@ func Match[T any](q outbox.Queue[T], check func(T) error) func([]byte) error {
 // maxRows bounds a search: a test's queue holds few tasks.
 const maxRows = 10000
 
-var statements = taskstate.NewStatements(taskstate.Config{Schema: outbox.DefaultSchema, NotifyChannel: outbox.DefaultNotifyChannel})
+var statements = taskstate.NewStatements(taskstate.Config{Schema: taskstate.DefaultSchema, NotifyChannel: taskstate.DefaultNotifyChannel})
 
 func find(ctx context.Context, t testing.TB, db Querier, want Want) []Enqueued {
 	t.Helper()

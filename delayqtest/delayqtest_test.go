@@ -79,7 +79,7 @@ func TestRequireEnqueued(t *testing.T) {
 	}
 	got := delayqtest.RequireEnqueued(ctx, t, tx, delayqtest.Want{Queue: "charge", ID: "order-1",
 		Payload: delayqtest.Equal(charges, charge{"order-1", 990}), RunAt: due})
-	if got.State != "pending" || got.Version != 1 || got.MaxAttempts != outbox.DefaultMaxAttempts {
+	if got.State != "pending" || got.Version != 1 || got.MaxAttempts != validate.DefaultMaxAttempts {
 		t.Errorf("found %+v", got)
 	}
 	delayqtest.RequireEnqueued(ctx, t, tx, delayqtest.Want{Queue: "charge"})

@@ -39,21 +39,9 @@ func BucketID(key string, bucket time.Duration, t time.Time) (string, error) {
 	if t.IsZero() {
 		return "", fmt.Errorf("outbox: bucket id: %w: zero time", ErrInvalidRunAt)
 	}
-	id := key + "@" + TimeID(t.Truncate(bucket), bucket%time.Second != 0)
+	id := key + "@" + validate.TimeID(t.Truncate(bucket), bucket%time.Second != 0)
 	if err := validate.TaskID(id); err != nil {
 		return "", fmt.Errorf("outbox: bucket id: %w", err)
 	}
 	return id, nil
-}
-
-// TimeID formats t in UTC as BucketID and the ticks of package schedule do:
-// "20060102T150405Z", or with millis "20060102T150405.000Z" (t is cut to the
-// second, or to the millisecond). Ids written with the same millis sort in time
-// order.
-func TimeID(t time.Time, millis bool) string {
-	t = t.UTC()
-	if millis {
-		return t.Truncate(time.Millisecond).Format("20060102T150405.000Z")
-	}
-	return t.Truncate(time.Second).Format("20060102T150405Z")
 }

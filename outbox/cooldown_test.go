@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
@@ -223,7 +224,7 @@ func TestLateCommitNotifies(t *testing.T) {
 	if got, want := notifications(t, b.pool, l), []string{"q", "q"}; !slices.Equal(got, want) {
 		t.Fatalf("notifications %q, want %q", got, want)
 	}
-	if n := count(t, b.pool, "notify_late = $1", outbox.DefaultNotifyChannel); n != 1 {
+	if n := count(t, b.pool, "notify_late = $1", taskstate.DefaultNotifyChannel); n != 1 {
 		t.Fatalf("%d rows marked, want 1", n)
 	}
 	if n := count(t, b.pool, "task_id = 'late' AND notify_late IS NOT NULL"); n != 1 {

@@ -17,9 +17,6 @@ var (
 	// byte outside printable ASCII, or '{' or '}'. It is the same value as
 	// delayq.ErrInvalidTaskID.
 	ErrInvalidTaskID = validate.ErrInvalidTaskID
-	// ErrInvalidRateLimit reports a queue rate limit out of its bounds (see
-	// RateLimit). It is the same value as delayq's.
-	ErrInvalidRateLimit = validate.ErrInvalidRateLimit
 	// ErrInvalidDelay reports a negative Task.Delay.
 	ErrInvalidDelay = errors.New("invalid delay")
 	// ErrInvalidRunAt reports a run-at time that cannot be meant: at or before the Unix

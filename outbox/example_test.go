@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"encoding/json"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -30,7 +31,7 @@ func Example() {
 		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'awaiting_payment' WHERE id = $1`, 1001); err != nil {
 			return err
 		}
-		payload, err := outbox.JSON(map[string]any{"order": 1001})
+		payload, err := json.Marshal(map[string]any{"order": 1001})
 		if err != nil {
 			return err
 		}

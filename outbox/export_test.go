@@ -32,3 +32,6 @@ func (c *Client) MarkDoneMany(ctx context.Context, q Querier, keys []taskstate.K
 	}
 	return c.store.MarkDoneMany(ctx, q, done)
 }
+
+// Table is the quoted, schema-qualified outbox table of c.
+func (c *Client) Table() string { return c.table() }

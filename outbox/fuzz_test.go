@@ -59,7 +59,7 @@ func FuzzValidate(f *testing.F) {
 		if validate.Queue(queue) != nil || validate.TaskID(id) != nil {
 			t.Fatalf("accepted queue %q, id %q", queue, id)
 		}
-		if task.Delay < 0 || len(task.Payload) > outbox.DefaultMaxPayloadBytes ||
+		if task.Delay < 0 || len(task.Payload) > validate.DefaultMaxPayloadBytes ||
 			maxAttempts < 0 || maxAttempts > 1<<31-1 || priority < 0 || priority > 9 {
 			t.Fatalf("accepted %+v", task)
 		}

@@ -15,31 +15,10 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
+// Defaults of Config, as its fields' comments state them.
 const (
-	// TableName is the outbox table, created by package migrations.
-	TableName = taskstate.TableName
-	// DefaultSchema is the schema used when Config.Schema is empty.
-	DefaultSchema = "public"
-	// DefaultMaxPayloadBytes is the payload limit used when Config.MaxPayloadBytes is 0.
-	DefaultMaxPayloadBytes = validate.DefaultMaxPayloadBytes
-	// MaxPayloadBytes is the hard limit of a payload, what MaxPayloadBytes -1
-	// allows: 16 MiB. The relay moves any payload up to it.
-	MaxPayloadBytes = validate.MaxPayloadBytes
-	// DefaultMaxAttempts is used when neither the task nor Config sets max attempts.
-	DefaultMaxAttempts = validate.DefaultMaxAttempts
-	// MaxAttempts is the largest max attempts a task may have.
-	MaxAttempts = validate.MaxAttempts
-	// DefaultNotifyChannel is the channel the enqueue notifies and the relay listens on.
-	DefaultNotifyChannel = "delayq_outbox"
-	// DefaultNotifyWithin is how soon a task must be due for its enqueue to wake the
-	// relay at commit.
-	DefaultNotifyWithin = 30 * time.Second
-	// DefaultNotifyCooldown is how long after an enqueue's notification the next
-	// enqueues of the same queue through the same Client leave theirs out, once
-	// that one has committed.
-	DefaultNotifyCooldown = 25 * time.Millisecond
-	// MaxErrorBytes bounds the error summary kept with a failed task.
-	MaxErrorBytes = validate.MaxErrorBytes
+	defaultNotifyWithin   = 30 * time.Second
+	defaultNotifyCooldown = 25 * time.Millisecond
 )
 
 // Querier runs SQL. pgx.Tx, *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn satisfy it. Pass
@@ -80,17 +59,17 @@ type Config struct {
 	// Default "public". A plain lower-case identifier: 1..63 bytes of [a-z0-9_], not
 	// starting with a digit.
 	Schema string
-	// MaxPayloadBytes is the largest payload Enqueue accepts. Default 64 KiB
-	// (DefaultMaxPayloadBytes); at most, and -1 means, the hard limit of 16 MiB
-	// (MaxPayloadBytes), which the relay moves to Redis whatever the Redis side's
+	// MaxPayloadBytes is the largest payload Enqueue accepts. Default 64 KiB; at
+	// most, and -1 means, the hard limit of 16 MiB, which the relay moves to Redis
+	// whatever the Redis side's
 	// own setting. Every payload travels through Redis: keep them small, pass
 	// references to big data.
 	MaxPayloadBytes int
-	// DefaultMaxAttempts is used for tasks that leave MaxAttempts at 0. Default 25
-	// (DefaultMaxAttempts); 1..1,000,000 (MaxAttempts).
+	// DefaultMaxAttempts is used for tasks that leave MaxAttempts at 0. Default 25;
+	// 1..1,000,000.
 	DefaultMaxAttempts int
 	// NotifyChannel is the Postgres notification channel the enqueue wakes the relay on,
-	// with the queue name as payload. Default "delayq_outbox" (DefaultNotifyChannel); the
+	// with the queue name as payload. Default "delayq_outbox"; the
 	// relay must listen on the same. 1..63 bytes of [a-z0-9_].
 	NotifyChannel string
 	// NotifyWithin: an enqueue (or reschedule) wakes the relay at commit only for
@@ -99,7 +78,7 @@ type Config struct {
 	// due. The reason: Postgres serializes the commits of every transaction that
 	// sent a NOTIFY, so a notification per enqueue caps producers at one commit per
 	// disk flush instead of sharing flushes (group commit). Keep it above the
-	// relay's PollInterval. Default 30s (DefaultNotifyWithin); -1 notifies for every
+	// relay's PollInterval. Default 30s; -1 notifies for every
 	// task.
 	NotifyWithin time.Duration
 	// NotifyCooldown: an Enqueue of a task due within NotifyWithin leaves its
@@ -117,7 +96,7 @@ type Config struct {
 	// transaction began, too late for the follow-up rounds (migration 00015's
 	// trigger). Keep FollowUpFor at least NotifyCooldown + 25ms plus a round.
 	// EnqueueMany, Reschedule and dead retries notify at every commit. Default
-	// 25ms (DefaultNotifyCooldown); -1 notifies at every commit.
+	// 25ms; -1 notifies at every commit.
 	NotifyCooldown time.Duration
 	// ClearPayloadOnDone empties the payload of a task when it is marked done or is
 	// cancelled, for payloads holding data that should not outlive the task. Dead tasks
@@ -135,25 +114,25 @@ type Config struct {
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = taskstate.DefaultSchema
 	}
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+		c.MaxPayloadBytes = validate.DefaultMaxPayloadBytes
 	}
 	if c.DefaultMaxAttempts == 0 {
-		c.DefaultMaxAttempts = DefaultMaxAttempts
+		c.DefaultMaxAttempts = validate.DefaultMaxAttempts
 	}
 	if c.NotifyChannel == "" {
-		c.NotifyChannel = DefaultNotifyChannel
+		c.NotifyChannel = taskstate.DefaultNotifyChannel
 	}
 	if c.NotifyWithin == 0 {
-		c.NotifyWithin = DefaultNotifyWithin
+		c.NotifyWithin = defaultNotifyWithin
 	}
 	if c.NotifyCooldown == 0 {
-		c.NotifyCooldown = DefaultNotifyCooldown
+		c.NotifyCooldown = defaultNotifyCooldown
 	}
 	if c.MaxPayloadBytes == -1 {
-		c.MaxPayloadBytes = MaxPayloadBytes
+		c.MaxPayloadBytes = validate.MaxPayloadBytes
 	}
 	return c
 }
@@ -172,11 +151,11 @@ func (c Config) validate() error {
 	if !plainIdent(c.NotifyChannel, true) {
 		return fmt.Errorf("%w: NotifyChannel %q must be 1..63 bytes of [a-z0-9_]", ErrInvalidConfig, c.NotifyChannel)
 	}
-	if c.MaxPayloadBytes < -1 || c.MaxPayloadBytes > MaxPayloadBytes {
-		return fmt.Errorf("%w: MaxPayloadBytes %d: 1..%d, or -1 for the hard limit", ErrInvalidConfig, c.MaxPayloadBytes, MaxPayloadBytes)
+	if c.MaxPayloadBytes < -1 || c.MaxPayloadBytes > validate.MaxPayloadBytes {
+		return fmt.Errorf("%w: MaxPayloadBytes %d: 1..%d, or -1 for the hard limit", ErrInvalidConfig, c.MaxPayloadBytes, validate.MaxPayloadBytes)
 	}
-	if c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > MaxAttempts {
-		return fmt.Errorf("%w: DefaultMaxAttempts %d: 1..%d", ErrInvalidConfig, c.DefaultMaxAttempts, MaxAttempts)
+	if c.DefaultMaxAttempts < 1 || c.DefaultMaxAttempts > validate.MaxAttempts {
+		return fmt.Errorf("%w: DefaultMaxAttempts %d: 1..%d", ErrInvalidConfig, c.DefaultMaxAttempts, validate.MaxAttempts)
 	}
 	return nil
 }
@@ -223,20 +202,20 @@ func New(cfg Config) (*Client, error) {
 	return &Client{cfg: cfg, store: store, sql: store.SQL, ops: transition.New(store, nil), notifiers: newNotifiers(cfg.NotifyCooldown)}, nil
 }
 
-// Table returns the quoted, schema-qualified outbox table name, e.g.
+// table returns the quoted, schema-qualified outbox table name, e.g.
 // "public"."delayq_outbox".
-func (c *Client) Table() string { return c.store.Table() }
+func (c *Client) table() string { return c.store.Table() }
 
 // CheckMigrated reports ErrNotMigrated, naming the table, when the outbox table
 // of c's schema does not exist on q; nil when it does; and any other error as it
 // is (a server that cannot be reached says nothing about the migrations).
 func (c *Client) CheckMigrated(ctx context.Context, q Querier) error {
 	var found bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.Table()).Scan(&found); err != nil {
-		return fmt.Errorf("outbox: look for the table %s: %w", c.Table(), err)
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.table()).Scan(&found); err != nil {
+		return fmt.Errorf("outbox: look for the table %s: %w", c.table(), err)
 	}
 	if !found {
-		return fmt.Errorf("%w: %s", ErrNotMigrated, c.Table())
+		return fmt.Errorf("%w: %s", ErrNotMigrated, c.table())
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"encoding/json"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/internal/validate"
@@ -66,7 +67,7 @@ func listen(t *testing.T, url string) *pgx.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(t.Context(), "LISTEN "+outbox.DefaultNotifyChannel); err != nil {
+	if _, err := conn.Exec(t.Context(), "LISTEN "+taskstate.DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	return conn
@@ -81,7 +82,7 @@ func nextNotification(t *testing.T, conn *pgx.Conn) string {
 	if err != nil {
 		t.Fatalf("no notification: %v", err)
 	}
-	if n.Channel != outbox.DefaultNotifyChannel {
+	if n.Channel != taskstate.DefaultNotifyChannel {
 		t.Fatalf("notification on %q", n.Channel)
 	}
 	return n.Payload
@@ -92,7 +93,7 @@ func nextNotification(t *testing.T, conn *pgx.Conn) string {
 // it notified.
 func marker(t *testing.T, pool *pgxpool.Pool, payload string) {
 	t.Helper()
-	if _, err := pool.Exec(t.Context(), `SELECT pg_notify($1, $2)`, outbox.DefaultNotifyChannel, payload); err != nil {
+	if _, err := pool.Exec(t.Context(), `SELECT pg_notify($1, $2)`, taskstate.DefaultNotifyChannel, payload); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -179,7 +180,7 @@ func TestEnqueueRollbackCommit(t *testing.T) {
 		t.Fatalf("after commit the listener heard %q, want the queue name", got)
 	}
 	s := load(t, b.pool, "payment", "order-1001")
-	if s.state != "pending" || string(s.payload) != `{"amount":5}` || s.maxAttempts != outbox.DefaultMaxAttempts ||
+	if s.state != "pending" || string(s.payload) != `{"amount":5}` || s.maxAttempts != validate.DefaultMaxAttempts ||
 		s.vers != 1 || s.attempt != 0 || !s.runAt.Equal(res.RunAt) {
 		t.Errorf("stored row %+v, result %+v", s, res)
 	}
@@ -542,7 +543,7 @@ func TestSQLPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	payload, err := outbox.JSON(map[string]int{"amount": 5})
+	payload, err := json.Marshal(map[string]int{"amount": 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -727,7 +728,7 @@ func TestCompletionGuard(t *testing.T) {
 	if s.state != "pending" || s.attempt != 1 || s.lastError == nil {
 		t.Fatalf("after RecordFailure: %+v", s)
 	}
-	if e := *s.lastError; len(e) > outbox.MaxErrorBytes || !utf8.ValidString(e) || !strings.HasPrefix(e, "boom\ufffd ") ||
+	if e := *s.lastError; len(e) > validate.MaxErrorBytes || !utf8.ValidString(e) || !strings.HasPrefix(e, "boom\ufffd ") ||
 		!strings.HasSuffix(e, "…") {
 		t.Errorf("last_error of %d bytes: %q", len(e), e)
 	}
@@ -826,8 +827,8 @@ func TestCustomSchema(t *testing.T) {
 	if _, err := newClient(t, outbox.Config{}).Enqueue(ctx, pool, outbox.Task{Queue: "q", ID: "2"}); err == nil {
 		t.Error("enqueue into the unmigrated public schema succeeded")
 	}
-	if outbox.TableName != migrations.TableName {
-		t.Errorf("outbox.TableName %q != migrations.TableName %q", outbox.TableName, migrations.TableName)
+	if taskstate.TableName != migrations.TableName {
+		t.Errorf("taskstate.TableName %q != migrations.TableName %q", taskstate.TableName, migrations.TableName)
 	}
 }
 

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"time"
@@ -24,7 +23,8 @@ type Task struct {
 	// long as the row is kept: a second enqueue is reported as a duplicate.
 	ID string
 	// Payload is handed to the worker as is. At most Config.MaxPayloadBytes (64 KiB by
-	// default). nil is stored as an empty payload. See JSON.
+	// default). nil is stored as an empty payload. Queue[T] encodes
+	// a typed value (JSON by default).
 	Payload []byte
 	// Delay postpones the task from the time of the enqueue. Must not be negative.
 	Delay time.Duration
@@ -57,15 +57,6 @@ type Task struct {
 	// bytes): the client refuses another for the same queue name
 	// (ErrQueueType). Not stored.
 	payloadType reflect.Type
-}
-
-// JSON encodes v as a payload.
-func JSON(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: encode payload as JSON: %w", err)
-	}
-	return b, nil
 }
 
 // maxStartByMS is the latest start deadline Redis keeps (Unix ms, the scripts'
@@ -110,8 +101,8 @@ func (c *Client) Validate(t Task) error {
 	if limit := c.cfg.MaxPayloadBytes; len(t.Payload) > limit {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPayloadTooLarge, len(t.Payload), limit)
 	}
-	if t.MaxAttempts < 0 || t.MaxAttempts > MaxAttempts {
-		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, MaxAttempts, c.cfg.DefaultMaxAttempts)
+	if t.MaxAttempts < 0 || t.MaxAttempts > validate.MaxAttempts {
+		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, validate.MaxAttempts, c.cfg.DefaultMaxAttempts)
 	}
 	if err := validate.TraceContext(t.TraceContext); err != nil {
 		return err

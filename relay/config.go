@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/schedule"
@@ -175,10 +176,10 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	if c.Schema == "" {
-		c.Schema = outbox.DefaultSchema
+		c.Schema = taskstate.DefaultSchema
 	}
 	if c.NotifyChannel == "" {
-		c.NotifyChannel = outbox.DefaultNotifyChannel
+		c.NotifyChannel = taskstate.DefaultNotifyChannel
 	}
 	def(&c.QueueRefresh, defaultQueueRefresh)
 	def(&c.Horizon, defaultHorizon)

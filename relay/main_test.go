@@ -306,7 +306,7 @@ func (b testBundle) info(t *testing.T, queue, id string) dispatch.TaskInfo {
 // committed would have.
 func markDone(t *testing.T, q taskstate.Querier, queue, id string, version int) bool {
 	t.Helper()
-	ok, err := taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema}).
+	ok, err := taskstate.New(taskstate.Config{Schema: taskstate.DefaultSchema}).
 		MarkDone(ctxT(t), q, taskstate.Key{Queue: queue, ID: id, Version: version}, false)
 	if err != nil {
 		t.Fatalf("mark %s/%s done: %v", queue, id, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -30,7 +31,7 @@ func (b testBundle) listen(t *testing.T) notifyCounter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctxT(t), "LISTEN "+outbox.DefaultNotifyChannel); err != nil {
+	if _, err := conn.Exec(ctxT(t), "LISTEN "+taskstate.DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	return notifyCounter{conn}
@@ -41,7 +42,7 @@ func (b testBundle) listen(t *testing.T) notifyCounter {
 // marker wakes the relays too.
 func (n notifyCounter) count(t *testing.T, b testBundle, payload string) int {
 	t.Helper()
-	if _, err := b.pool.Exec(ctxT(t), `SELECT pg_notify($1, 'marker')`, outbox.DefaultNotifyChannel); err != nil {
+	if _, err := b.pool.Exec(ctxT(t), `SELECT pg_notify($1, 'marker')`, taskstate.DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
@@ -629,7 +630,7 @@ func TestConfig(t *testing.T) {
 	cfg := relay.Config{}.WithDefaults()
 	if cfg.Schema != "public" || cfg.Horizon != time.Hour || cfg.BatchSize != 1000 || cfg.PollInterval != 5*time.Second ||
 		cfg.ReapInterval != time.Second || cfg.Retention != 7*24*time.Hour || cfg.RetentionBatch != 1000 ||
-		cfg.NotifyChannel != outbox.DefaultNotifyChannel || cfg.Logger == nil || cfg.RepairRate != 5000 ||
+		cfg.NotifyChannel != taskstate.DefaultNotifyChannel || cfg.Logger == nil || cfg.RepairRate != 5000 ||
 		cfg.RepairBatch != 500 || cfg.RepairPause != 30*time.Second || cfg.LossCheckInterval != time.Second ||
 		cfg.FollowUp != 5*time.Millisecond || cfg.FollowUpFor != 100*time.Millisecond {
 		t.Errorf("defaults: %+v", cfg)

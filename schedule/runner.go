@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -244,7 +245,7 @@ type Querier interface {
 // schema is the outbox's ("" for "public").
 func List(ctx context.Context, q Querier, schema string) ([]State, error) {
 	if schema == "" {
-		schema = outbox.DefaultSchema
+		schema = taskstate.DefaultSchema
 	}
 	if _, err := outbox.New(outbox.Config{Schema: schema}); err != nil {
 		return nil, err

@@ -38,7 +38,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/outbox"
 )
 
 // ErrInvalid reports an invalid schedule or Config.
@@ -179,11 +178,11 @@ func compileOne(s Schedule) (compiled, error) {
 	if err := validate.Queue(s.Queue); err != nil {
 		return compiled{}, bad("schedule %s: queue: %v", s.Name, err)
 	}
-	if len(s.Payload) > outbox.DefaultMaxPayloadBytes {
-		return compiled{}, bad("schedule %s: payload %d bytes, at most %d", s.Name, len(s.Payload), outbox.DefaultMaxPayloadBytes)
+	if len(s.Payload) > validate.DefaultMaxPayloadBytes {
+		return compiled{}, bad("schedule %s: payload %d bytes, at most %d", s.Name, len(s.Payload), validate.DefaultMaxPayloadBytes)
 	}
-	if s.MaxAttempts < 0 || s.MaxAttempts > outbox.MaxAttempts {
-		return compiled{}, bad("schedule %s: max attempts %d: 0..%d", s.Name, s.MaxAttempts, outbox.MaxAttempts)
+	if s.MaxAttempts < 0 || s.MaxAttempts > validate.MaxAttempts {
+		return compiled{}, bad("schedule %s: max attempts %d: 0..%d", s.Name, s.MaxAttempts, validate.MaxAttempts)
 	}
 	switch s.Missed {
 	case Skip, "":
@@ -269,11 +268,11 @@ func mod(a, b int64) int64 {
 }
 
 // TaskID is the task id of the tick of s at tick: the name, "@", and the tick's
-// time as outbox.TimeID writes it, with milliseconds only when s is an interval
+// time as validate.TimeID writes it, with milliseconds only when s is an interval
 // that is not a whole number of seconds; so the ids of a schedule sort in time
 // order.
 func TaskID(s Schedule, tick time.Time) string {
-	return s.Name + "@" + outbox.TimeID(tick, s.Every%time.Second != 0)
+	return s.Name + "@" + validate.TimeID(tick, s.Every%time.Second != 0)
 }
 
 // ParseTaskID reads a tick's task id back into the schedule's name and the tick

@@ -189,7 +189,7 @@ func TestLimitsAgree(t *testing.T) {
 
 	// Error text: a failure's summary fits both stores.
 	long := strings.Repeat("é", 3000)
-	store := taskstate.New(taskstate.Config{Schema: outbox.DefaultSchema})
+	store := taskstate.New(taskstate.Config{Schema: taskstate.DefaultSchema})
 	a := moved[0]
 	ok, err := store.RecordFailure(ctx, b.pool, taskstate.Failure{
 		Key: taskstate.Key{Queue: a.queue, ID: a.id, Version: 1}, Attempt: 1, Err: long, Delay: time.Second,

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"encoding/json"
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
@@ -145,7 +146,7 @@ func signup(db *sql.DB, ob *outbox.Client, delay time.Duration) http.HandlerFunc
 			http.Error(w, "user exists or cannot be created", http.StatusConflict)
 			return
 		}
-		payload, _ := outbox.JSON(map[string]string{"email": email})
+		payload, _ := json.Marshal(map[string]string{"email": email})
 		_, err = ob.EnqueueSQL(r.Context(), tx, outbox.Task{Queue: queue, ID: "welcome:" + email, Payload: payload, Delay: delay})
 		if errors.Is(err, outbox.ErrInvalidTaskID) {
 			http.Error(w, "email cannot be used as a task id: "+err.Error(), http.StatusBadRequest)

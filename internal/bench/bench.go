@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
@@ -145,7 +146,7 @@ func Run(ctx context.Context, env Env, name string) (Result, error) {
 	defer s.close()
 	r := Result{Workload: name, Params: map[string]any{"scale": env.Scale}, Machine: s.machine(ctx)}
 	if env.ClaimControls {
-		rate := outbox.RateLimit{Limit: 1_000_000, Period: time.Second}
+		rate := validate.RateLimit{Limit: 1_000_000, Period: time.Second}
 		c, err := s.setRateLimit(ctx, "bench", rate)
 		if err != nil {
 			return r, fmt.Errorf("bench %s: rate limit: %w", name, err)

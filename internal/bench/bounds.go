@@ -23,6 +23,7 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
 )
@@ -62,11 +63,11 @@ func bounds(ctx context.Context, s *session, r *Result) error {
 	// already and update nothing, so the guard's division by zero in a writing
 	// run's transaction (which aborts the worker's transaction) is left out, or it
 	// would end the pgbench client.
-	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, payload, max_attempts, state)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+` (queue, task_id, run_at, payload, max_attempts, state)
 SELECT 'bound', 'g-' || g, now(), $1, 25, 'queued' FROM generate_series(1, 4 * $2::int) AS g`, payload20, rows); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+s.ob.Table()); err != nil {
+	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()); err != nil {
 		return err
 	}
 	_, _ = s.pool.Exec(ctx, "CHECKPOINT")

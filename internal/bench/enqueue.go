@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -176,7 +177,7 @@ func enqueueBatch(ctx context.Context, s *session, r *Result) error {
 // checkRows checks that the outbox holds exactly n rows.
 func (s *session) checkRows(ctx context.Context, r *Result, n int) error {
 	var rows int64
-	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()).Scan(&rows); err != nil {
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()).Scan(&rows); err != nil {
 		return err
 	}
 	r.Checks = map[string]int64{"rows": rows}

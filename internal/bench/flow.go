@@ -18,6 +18,7 @@ import (
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -134,7 +135,7 @@ func (s *session) fillBacklogs(ctx context.Context, backlogs ...queueBacklog) er
 
 func (s *session) countState(ctx context.Context, state delayqtype.State) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE state = $1", state).Scan(&n)
+	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+" WHERE state = $1", state).Scan(&n)
 	return n, err
 }
 
@@ -173,7 +174,7 @@ func relayBench(ctx context.Context, s *session, r *Result) error {
 
 	// The steady phase starts on a vacuumed table: the backlog left 100,000 dead row
 	// versions, which autovacuum would otherwise clean at a random moment of it.
-	if _, err := s.pool.Exec(ctx, "VACUUM (ANALYZE) "+s.ob.Table()); err != nil {
+	if _, err := s.pool.Exec(ctx, "VACUUM (ANALYZE) "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()); err != nil {
 		_ = stop()
 		return err
 	}

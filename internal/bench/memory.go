@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -29,7 +30,7 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	}
 	// The backlog as producers leave it (pending rows), then as the relay leaves it.
 	var pendingBytes int64
-	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", s.ob.Table()).Scan(&pendingBytes); err != nil {
+	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()).Scan(&pendingBytes); err != nil {
 		return err
 	}
 	before, err := s.usedMemory(ctx)
@@ -37,7 +38,7 @@ func memory(ctx context.Context, s *session, r *Result) error {
 		return err
 	}
 	// Move the rows as the relay does: read pending rows, enqueue them, mark queued.
-	rows, err := s.pool.Query(ctx, "SELECT task_id, run_at, max_attempts, version FROM "+s.ob.Table()+" WHERE state = 'pending'")
+	rows, err := s.pool.Query(ctx, "SELECT task_id, run_at, max_attempts, version FROM "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+" WHERE state = 'pending'")
 	if err != nil {
 		return err
 	}
@@ -56,18 +57,18 @@ func memory(ctx context.Context, s *session, r *Result) error {
 	if _, err := s.dq.Enqueue(ctx, "bench", batch...); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "UPDATE "+s.ob.Table()+" SET state = 'queued', queued_at = now() WHERE state = 'pending'"); err != nil {
+	if _, err := s.pool.Exec(ctx, "UPDATE "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+" SET state = 'queued', queued_at = now() WHERE state = 'pending'"); err != nil {
 		return err
 	}
 	after, err := s.usedMemory(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, "VACUUM "+s.ob.Table()); err != nil {
+	if _, err := s.pool.Exec(ctx, "VACUUM "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()); err != nil {
 		return err
 	}
 	var pgBytes, heapBytes int64
-	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass), pg_relation_size($1::regclass)", s.ob.Table()).
+	if err := s.pool.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass), pg_relation_size($1::regclass)", taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()).
 		Scan(&pgBytes, &heapBytes); err != nil {
 		return err
 	}

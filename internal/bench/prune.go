@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -34,19 +35,19 @@ func prune(ctx context.Context, s *session, r *Result) error {
 	// The backlog, as the worker leaves rows: done, payload cleared, finished a day
 	// ago (past any retention below it); then vacuumed, so that the pass starts
 	// from a table in steady state.
-	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.ob.Table()+` (queue, task_id, run_at, created_at, payload,
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+` (queue, task_id, run_at, created_at, payload,
 		max_attempts, attempt, state, queued_at, done_at)
 		SELECT 'old', 'old-' || g, now() - interval '1 day', now() - interval '1 day', '', 25, 1, 'done',
 		       now() - interval '1 day', now() - interval '1 day' + g * interval '1 microsecond'
 		FROM generate_series(1, $1::int) AS g`, rows); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE `+s.ob.Table()); err != nil {
+	if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE `+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()); err != nil {
 		return err
 	}
 	_, _ = s.pool.Exec(ctx, "CHECKPOINT")
 	var before int64
-	if err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, s.ob.Table()).Scan(&before); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()).Scan(&before); err != nil {
 		return err
 	}
 
@@ -135,10 +136,10 @@ func prune(ctx context.Context, s *session, r *Result) error {
 		return err
 	}
 	var left, after int64
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.ob.Table()+` WHERE queue = 'old'`).Scan(&left); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+` WHERE queue = 'old'`).Scan(&left); err != nil {
 		return err
 	}
-	if err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, s.ob.Table()).Scan(&after); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass)`, taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()).Scan(&after); err != nil {
 		return err
 	}
 	all := stats.swap()

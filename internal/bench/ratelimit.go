@@ -10,6 +10,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -28,7 +29,7 @@ func rateLimit(ctx context.Context, s *session, r *Result) error {
 	window := max(time.Duration(float64(time.Minute)*s.env.Scale), 2*time.Second)
 	limited := int(window.Seconds()*rateLimitRate) + 2*rateLimitRate // more than the window can start
 	other := s.n(20_000)
-	rate := outbox.RateLimit{Limit: rateLimitRate, Period: time.Second, Burst: s.env.RateBurst}.WithDefaults()
+	rate := validate.RateLimit{Limit: rateLimitRate, Period: time.Second, Burst: s.env.RateBurst}.WithDefaults()
 	r.Params["workers"], r.Params["slots_per_worker"], r.Params["limit"] = rateLimitWorkers, 32, rate.String()
 	r.Params["window"], r.Params["limited_backlog"], r.Params["other_backlog"] = window.String(), limited, other
 

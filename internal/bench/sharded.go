@@ -17,7 +17,9 @@ import (
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/tempserver"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -133,7 +135,7 @@ func (s *session) setShards(ctx context.Context, dq *dispatch.Client, queue stri
 }
 
 // setRateLimit sets queue's rate limit in both stores.
-func (s *session) setRateLimit(ctx context.Context, queue string, rate outbox.RateLimit) (queuectl.Control, error) {
+func (s *session) setRateLimit(ctx context.Context, queue string, rate validate.RateLimit) (queuectl.Control, error) {
 	c, err := queuectl.New(s.pool, s.dq, s.ob.Config().Schema)
 	if err != nil {
 		return queuectl.Control{}, err
@@ -293,7 +295,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 
 func (s *session) countQueue(ctx context.Context, queue string, state delayqtype.State) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.ob.Table()+" WHERE queue = $1 AND state = $2", queue, state).Scan(&n)
+	err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+" WHERE queue = $1 AND state = $2", queue, state).Scan(&n)
 	return n, err
 }
 

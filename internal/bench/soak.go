@@ -19,6 +19,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -257,7 +258,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 	if err := s.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT task_id) FROM soak_effects`).Scan(&effects, &distinct); err != nil {
 		return err
 	}
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.ob.Table()+` WHERE state NOT IN ('done', 'cancelled')`).Scan(&unfinished); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()+` WHERE state NOT IN ('done', 'cancelled')`).Scan(&unfinished); err != nil {
 		return err
 	}
 	stats.swap() // the last window, into all
@@ -315,7 +316,7 @@ func (s *session) tracedPool(ctx context.Context, conns int32, tracer pgx.QueryT
 
 // outboxSizes reads the outbox's sizes and vacuum counters into smp.
 func (s *session) outboxSizes(ctx context.Context, smp *soakSample) error {
-	table := s.ob.Table()
+	table := taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).Table()
 	err := s.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), pg_relation_size($1::regclass),
 		COALESCE(st.n_live_tup, 0), COALESCE(st.n_dead_tup, 0), COALESCE(st.autovacuum_count, 0), st.last_autovacuum
 		FROM (SELECT 1) AS one LEFT JOIN pg_stat_user_tables st ON st.relid = $1::regclass`, table).

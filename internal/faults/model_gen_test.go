@@ -101,7 +101,7 @@ func newModel(s *system, seed uint64) *model {
 	return &model{
 		s: s, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), start: time.Now(),
 		tasks: map[key]*mtask{}, rolled: map[key]bool{}, ops: map[string]int{},
-		st: taskstate.NewStatements(taskstate.Config{Schema: "public", NotifyChannel: outbox.DefaultNotifyChannel}),
+		st: taskstate.NewStatements(taskstate.Config{Schema: "public", NotifyChannel: taskstate.DefaultNotifyChannel}),
 	}
 }
 

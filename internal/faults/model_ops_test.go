@@ -15,6 +15,7 @@ import (
 
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -59,7 +60,7 @@ type controlSpan struct {
 	queue    string
 	from, to time.Time
 	paused   bool
-	rate     outbox.RateLimit // Limit 0 while paused
+	rate     validate.RateLimit // Limit 0 while paused
 }
 
 // redisNow is the Redis clock, the one claims are timed by.
@@ -73,7 +74,7 @@ func (m *model) redisNow(ctx context.Context) time.Time {
 
 // setControls changes a queue's controls through the one operation
 // (internal/queuectl): Postgres, the truth, commits; then Redis's versioned copy.
-func (m *model) setControls(ctx context.Context, q string, paused bool, rate outbox.RateLimit) {
+func (m *model) setControls(ctx context.Context, q string, paused bool, rate validate.RateLimit) {
 	ctl, err := queuectl.New(m.s.admin, m.s.dq, m.s.ob.Config().Schema)
 	if err != nil {
 		m.s.t.Fatal(err)
@@ -96,11 +97,11 @@ func (m *model) setControls(ctx context.Context, q string, paused bool, rate out
 func (m *model) opPause(ctx context.Context) {
 	q := m.queue()
 	hold := time.Duration(300+m.rng.IntN(1200)) * time.Millisecond
-	m.setControls(ctx, q, true, outbox.RateLimit{})
+	m.setControls(ctx, q, true, validate.RateLimit{})
 	sp := controlSpan{queue: q, from: m.redisNow(ctx), paused: true}
 	pause(ctx, hold)
 	sp.to = m.redisNow(ctx)
-	m.setControls(ctx, q, false, outbox.RateLimit{})
+	m.setControls(ctx, q, false, validate.RateLimit{})
 	m.spans = append(m.spans, sp)
 	m.logf(nil, "pause %s for %v", q, hold)
 }
@@ -109,7 +110,7 @@ func (m *model) opPause(ctx context.Context) {
 // window of a period may hold more claims than the limit allows (checkControls).
 func (m *model) opRateLimit(ctx context.Context) {
 	q := m.queue()
-	rate := outbox.RateLimit{Limit: 5 + m.rng.IntN(20), Period: time.Second, Burst: 1 + m.rng.IntN(4)}
+	rate := validate.RateLimit{Limit: 5 + m.rng.IntN(20), Period: time.Second, Burst: 1 + m.rng.IntN(4)}
 	hold := time.Duration(1000+m.rng.IntN(1500)) * time.Millisecond
 	m.setControls(ctx, q, false, rate)
 	sp := controlSpan{queue: q, from: m.redisNow(ctx), rate: rate}
@@ -121,7 +122,7 @@ func (m *model) opRateLimit(ctx context.Context) {
 	}
 	pause(ctx, hold-time.Since(start))
 	sp.to = m.redisNow(ctx)
-	m.setControls(ctx, q, false, outbox.RateLimit{})
+	m.setControls(ctx, q, false, validate.RateLimit{})
 	m.spans = append(m.spans, sp)
 	m.logf(nil, "rate limit %s %d per %v burst %d for %v", q, rate.Limit, rate.Period, rate.Burst, hold)
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/testenv"
-	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // A rate-limited queue under the load, two workers: every task exactly once (the
@@ -18,7 +18,7 @@ func TestRateLimitedQueue(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t, "rate-limit", testenv.PostgresURL(t), testenv.OwnRedis(t).URL())
 	ctx := s.ctx()
-	rate := outbox.RateLimit{Limit: 40, Period: time.Second, Burst: 5}
+	rate := validate.RateLimit{Limit: 40, Period: time.Second, Burst: 5}
 	c, err := taskstate.New(taskstate.Config{Schema: s.ob.Config().Schema}).SetRateLimit(ctx, s.admin, "beta", rate)
 	if err != nil {
 		t.Fatal(err)

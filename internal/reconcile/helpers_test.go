@@ -64,7 +64,7 @@ func newBundle(t *testing.T, pool *pgxpool.Pool, rdb *redis.Client, prefix strin
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (queue text NOT NULL, task_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	return testBundle{pool: pool, rdb: rdb, dq: dq, ob: ob, prefix: prefix, table: ob.Table(),
+	return testBundle{pool: pool, rdb: rdb, dq: dq, ob: ob, prefix: prefix, table: taskstate.New(taskstate.Config{Schema: ob.Config().Schema}).Table(),
 		guard: taskstate.New(taskstate.Config{Schema: ob.Config().Schema})}
 }
 

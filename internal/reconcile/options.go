@@ -75,10 +75,10 @@ type Options struct {
 // WithDefaults returns a copy of o with zero fields set to their defaults.
 func (o Options) WithDefaults() Options {
 	if o.Schema == "" {
-		o.Schema = outbox.DefaultSchema
+		o.Schema = taskstate.DefaultSchema
 	}
 	if o.NotifyChannel == "" {
-		o.NotifyChannel = outbox.DefaultNotifyChannel
+		o.NotifyChannel = taskstate.DefaultNotifyChannel
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 500

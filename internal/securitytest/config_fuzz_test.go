@@ -14,6 +14,7 @@ import (
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -113,9 +114,9 @@ func FuzzConfigs(f *testing.F) {
 		oc := outbox.Config{Schema: s1, NotifyChannel: s2, MaxPayloadBytes: n1, DefaultMaxAttempts: n2, NotifyWithin: a, NotifyCooldown: b}
 		if o, err := outbox.New(oc); err != nil {
 			refusal(t, "outbox", err, outbox.ErrInvalidConfig)
-		} else if e := o.Config(); e.MaxPayloadBytes < -1 || e.DefaultMaxAttempts < 1 || !strings.HasPrefix(o.Table(), `"`) ||
+		} else if e := o.Config(); e.MaxPayloadBytes < -1 || e.DefaultMaxAttempts < 1 || !strings.HasPrefix(taskstate.New(taskstate.Config{Schema: e.Schema}).Table(), `"`) ||
 			e.NotifyCooldown <= 0 && e.NotifyCooldown != -1 {
-			t.Fatalf("outbox accepted %+v (table %s)", e, o.Table())
+			t.Fatalf("outbox accepted %+v (schema %s)", e, e.Schema)
 		}
 
 		if err := (reconcile.Options{Schema: s1, BatchSize: n1}).Validate(); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -29,9 +30,9 @@ import (
 func TestPayloadLimitsOnEveryPath(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t, 2*time.Minute)
-	const limit = outbox.DefaultMaxPayloadBytes
+	const limit = validate.DefaultMaxPayloadBytes
 	atLimit, over := bytes.Repeat([]byte("x"), limit), bytes.Repeat([]byte("x"), limit+1)
-	overHard := bytes.Repeat([]byte("x"), outbox.MaxPayloadBytes+1)
+	overHard := bytes.Repeat([]byte("x"), validate.MaxPayloadBytes+1)
 
 	pgURL := testenv.PostgresURL(t)
 	pool := testenv.Pool(t, pgURL)

@@ -22,6 +22,13 @@ type Config struct {
 // TableName is the outbox table, created by package migrations.
 const TableName = "delayq_outbox"
 
+// DefaultSchema is the schema of the outbox table when a Config leaves it empty.
+const DefaultSchema = "public"
+
+// DefaultNotifyChannel is the channel the enqueue notifies and the relay
+// listens on when a Config leaves it empty.
+const DefaultNotifyChannel = "delayq_outbox"
+
 // Table returns the quoted, schema-qualified table name.
 func (c Config) Table() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, TableName) }
 

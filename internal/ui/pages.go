@@ -188,7 +188,7 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 		redisPaused map[string]bool
 		wg          sync.WaitGroup
 	)
-	wg.Go(func() { ctls, ctlErr = h.cfg.Outbox.QueueControls(ctx, h.cfg.DB) })
+	wg.Go(func() { ctls, ctlErr = h.queues.List(ctx) })
 	wg.Go(func() {
 		hist, histErr = h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...)
 		redisPaused, _ = h.cfg.Redis.PausedMany(ctx, names...) // a missing flag shows as Postgres's

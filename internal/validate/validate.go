@@ -8,6 +8,7 @@ package validate
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Limits of identifiers. They keep keys short and make a hash tag impossible to break.
@@ -91,4 +92,16 @@ func truncate(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// TimeID formats t in UTC as outbox.BucketID and the ticks of package schedule do:
+// "20060102T150405Z", or with millis "20060102T150405.000Z" (t is cut to the
+// second, or to the millisecond). Ids written with the same millis sort in time
+// order.
+func TimeID(t time.Time, millis bool) string {
+	t = t.UTC()
+	if millis {
+		return t.Truncate(time.Millisecond).Format("20060102T150405.000Z")
+	}
+	return t.Truncate(time.Second).Format("20060102T150405Z")
 }
