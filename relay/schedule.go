@@ -50,7 +50,7 @@ func (r *Relay) runSchedules(ctx context.Context, runner *schedule.Runner) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
 	for ctx.Err() == nil {
 		wait := runner.Wait()
-		if _, err := runner.RunOnce(ctx, r.pool); err != nil {
+		if err := runner.RunOnce(ctx, r.pool); err != nil {
 			if ctx.Err() != nil {
 				return
 			}

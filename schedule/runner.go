@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// TableName is the table of schedule states, created by package migrations.
-const TableName = "delayq_schedules"
+// tableName is the table of schedule states, created by package migrations.
+const tableName = "delayq_schedules"
 
 // maxScan bounds the ticks one evaluation of a cron schedule walks through (a
 // relay back after a long outage with a per-second schedule); the next evaluation
@@ -48,14 +48,11 @@ func NewRunner(cfg Config, ob *outbox.Client, log *slog.Logger) (*Runner, error)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Runner{cfg: cfg, sch: sch, ob: ob, table: fmt.Sprintf(`"%s".%s`, ob.Config().Schema, TableName), log: log}, nil
+	return &Runner{cfg: cfg, sch: sch, ob: ob, table: fmt.Sprintf(`"%s".%s`, ob.Config().Schema, tableName), log: log}, nil
 }
 
-// Config returns the configuration, defaults applied.
-func (r *Runner) Config() Config { return r.cfg }
-
-// Result is what one evaluation did to one schedule.
-type Result struct {
+// result is what one evaluation did to one schedule.
+type result struct {
 	Name string
 	// Locked: another runner held the schedule's row; it does this round.
 	Locked bool
@@ -66,17 +63,17 @@ type Result struct {
 	LastTick, NextTick time.Time
 }
 
-// DB is what RunOnce needs of Postgres: *pgxpool.Pool satisfies it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // RunOnce evaluates every schedule once: in one transaction per schedule, it
 // enqueues the ticks due by now + Lookahead that were not enqueued yet, applies
 // the missed-tick policy, and advances the schedule's last tick.
-func (r *Runner) RunOnce(ctx context.Context, pool DB) ([]Result, error) {
-	out := make([]Result, 0, len(r.sch))
+func (r *Runner) RunOnce(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := r.runOnce(ctx, pool)
+	return err
+}
+
+// runOnce is RunOnce, with what it did to each schedule.
+func (r *Runner) runOnce(ctx context.Context, pool *pgxpool.Pool) ([]result, error) {
+	out := make([]result, 0, len(r.sch))
 	var errs []error
 	for i := range r.sch {
 		res, err := r.evaluate(ctx, pool, &r.sch[i])
@@ -93,8 +90,8 @@ func (r *Runner) RunOnce(ctx context.Context, pool DB) ([]Result, error) {
 // every tick is enqueued at least that long before it falls due.
 func (r *Runner) Wait() time.Duration { return r.cfg.Lookahead / 2 }
 
-func (r *Runner) evaluate(ctx context.Context, pool DB, s *compiled) (Result, error) {
-	res := Result{Name: s.Name}
+func (r *Runner) evaluate(ctx context.Context, pool *pgxpool.Pool, s *compiled) (result, error) {
+	res := result{Name: s.Name}
 	var clock *time.Time
 	if r.now != nil {
 		t := r.now()
@@ -155,7 +152,7 @@ WHERE name = $1`, s.Name, s.Queue, s.spec, newLast, next, res.Enqueued, res.Miss
 	return res, nil
 }
 
-func catchUp(s *compiled, res Result) int {
+func catchUp(s *compiled, res result) int {
 	if s.Missed != CatchUp {
 		return 0
 	}
@@ -236,14 +233,9 @@ type State struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Querier runs SQL: a pool, a connection or a transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // List reads the states of every schedule a relay ran on the database, by name.
 // schema is the outbox's ("" for "public").
-func List(ctx context.Context, q Querier, schema string) ([]State, error) {
+func List(ctx context.Context, q outbox.Querier, schema string) ([]State, error) {
 	if schema == "" {
 		schema = taskstate.DefaultSchema
 	}
@@ -251,7 +243,7 @@ func List(ctx context.Context, q Querier, schema string) ([]State, error) {
 		return nil, err
 	}
 	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT name, queue, spec, last_tick, next_tick, enqueued, missed, updated_at
-FROM "%s".%s ORDER BY name`, schema, TableName))
+FROM "%s".%s ORDER BY name`, schema, tableName))
 	if err != nil {
 		return nil, fmt.Errorf("schedule: list: %w", err)
 	}

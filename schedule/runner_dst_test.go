@@ -89,15 +89,15 @@ func TestRunnersAcrossDaylightSaving(t *testing.T) {
 			mu.Unlock()
 			if at.Sub(start) == span/2 {
 				// The state lost: every runner starts again from the window's start.
-				if _, err := pool.Exec(ctx, `UPDATE `+TableName+` SET last_tick = $1 WHERE name LIKE $2`, start, fmt.Sprintf("w%d-%%", i)); err != nil {
+				if _, err := pool.Exec(ctx, `UPDATE `+tableName+` SET last_tick = $1 WHERE name LIKE $2`, start, fmt.Sprintf("w%d-%%", i)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			var wg sync.WaitGroup
-			results := make([][]Result, len(runners))
+			results := make([][]result, len(runners))
 			errs := make([]error, len(runners))
 			for k, r := range runners {
-				wg.Go(func() { results[k], errs[k] = r.RunOnce(ctx, pool) })
+				wg.Go(func() { results[k], errs[k] = r.runOnce(ctx, pool) })
 			}
 			wg.Wait()
 			for k := range runners {

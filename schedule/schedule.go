@@ -56,10 +56,10 @@ const (
 	CatchUp Missed = "catch-up"
 )
 
-// Defaults of Config.
+// Defaults of Config, as its fields' comments state them.
 const (
-	DefaultLookahead = 10 * time.Second
-	DefaultGrace     = time.Minute
+	defaultLookahead = 10 * time.Second
+	defaultGrace     = time.Minute
 )
 
 // Schedule is one periodic task. Set Cron or Every, not both.
@@ -109,10 +109,10 @@ type Config struct {
 // WithDefaults fills in the zero fields.
 func (c Config) WithDefaults() Config {
 	if c.Lookahead == 0 {
-		c.Lookahead = DefaultLookahead
+		c.Lookahead = defaultLookahead
 	}
 	if c.Grace == 0 {
-		c.Grace = DefaultGrace
+		c.Grace = defaultGrace
 	}
 	c.Schedules = slices.Clone(c.Schedules)
 	for i := range c.Schedules {

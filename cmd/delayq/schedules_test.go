@@ -60,7 +60,7 @@ func TestSchedulesCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runner.RunOnce(context.Background(), b.pool); err != nil {
+	if err := runner.RunOnce(context.Background(), b.pool); err != nil {
 		t.Fatal(err)
 	}
 	r = b.run(t, "schedules", "--file", file, "--json")
