@@ -16,7 +16,7 @@
 // # Schema
 //
 // Everything delayq creates lives in one schema, [Config.Schema] ("public" by default):
-// the table [TableName] with its indexes, and goose's version table [VersionTable]. The
+// the table delayq_outbox with its indexes, and goose's version table delayq_goose_version. The
 // schema is created by Up when it does not exist, and is never dropped by Down. The
 // migration files name the schema explicitly, so the *sql.DB may use any search_path.
 // The version table has a name of its own, so a service that runs its own goose

@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"github.com/delayq/delayq/internal/taskstate"
 	"io/fs"
 	"strings"
 	"testing"
@@ -35,5 +36,12 @@ func TestRender(t *testing.T) {
 		if !strings.Contains(s, "-- +goose Up") || !strings.Contains(s, "-- +goose Down") {
 			t.Errorf("%s lacks an Up or a Down section", name)
 		}
+	}
+}
+
+// The migrations create the table the library's statements name.
+func TestTableName(t *testing.T) {
+	if tableName != taskstate.TableName {
+		t.Errorf("migrations create %q, taskstate names %q", tableName, taskstate.TableName)
 	}
 }

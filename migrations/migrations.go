@@ -20,28 +20,28 @@ import (
 )
 
 const (
-	// DefaultSchema is the schema used when Config.Schema is empty.
-	DefaultSchema = "public"
-	// TableName is the name of the outbox table inside the schema.
-	TableName = "delayq_outbox"
-	// VersionTable is the name of goose's version table inside the schema. It is not
+	// defaultSchema is the schema used when Config.Schema is empty.
+	defaultSchema = "public"
+	// tableName is the name of the outbox table inside the schema.
+	tableName = "delayq_outbox"
+	// versionTable is the name of goose's version table inside the schema. It is not
 	// goose's default name, so that it never mixes with a service's own goose migrations.
-	VersionTable = "delayq_goose_version"
-	// DefaultLockTimeout is how long Up and Down wait for another migrator by default.
-	DefaultLockTimeout = 5 * time.Minute
+	versionTable = "delayq_goose_version"
+	// defaultLockTimeout is how long Up and Down wait for another migrator by default.
+	defaultLockTimeout = 5 * time.Minute
 )
 
 // Config configures a Migrator. The zero value is valid and means every default.
 type Config struct {
-	// Schema holds the outbox table and the version table. Default "public"
-	// (DefaultSchema). Up creates it when it does not exist. It must be a plain
+	// Schema holds the outbox table and the version table. Default "public".
+	// Up creates it when it does not exist. It must be a plain
 	// lower-case identifier: 1..63 bytes of [a-z0-9_], not starting with a digit.
 	Schema string
 	// Logger receives goose's progress messages (one per migration applied).
 	// Default: nil, meaning nothing is logged.
 	Logger *slog.Logger
 	// LockTimeout bounds how long Up and Down wait for the advisory lock held by
-	// another migrator of the same schema. Default 5 minutes (DefaultLockTimeout); the
+	// another migrator of the same schema. Default 5 minutes; the
 	// lock is polled once a second.
 	LockTimeout time.Duration
 }
@@ -49,19 +49,24 @@ type Config struct {
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = defaultSchema
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if c.LockTimeout == 0 {
-		c.LockTimeout = DefaultLockTimeout
+		c.LockTimeout = defaultLockTimeout
 	}
 	return c
 }
 
+// Validate reports whether c, with its defaults, is a valid configuration (New
+// does the same), so a command can reject a bad schema name before it connects.
+// The error wraps ErrInvalidSchema or ErrInvalidConfig.
+func (c Config) Validate() error { return c.WithDefaults().validate() }
+
 func (c Config) validate() error {
-	if err := ValidateSchema(c.Schema); err != nil {
+	if err := validateSchema(c.Schema); err != nil {
 		return err
 	}
 	if c.LockTimeout < 0 {
@@ -70,9 +75,9 @@ func (c Config) validate() error {
 	return nil
 }
 
-// ValidateSchema checks a schema name: 1..63 bytes of [a-z0-9_], not starting with a
+// validateSchema checks a schema name: 1..63 bytes of [a-z0-9_], not starting with a
 // digit. Such a name means the same quoted or not, so it is safe to splice into SQL.
-func ValidateSchema(s string) error {
+func validateSchema(s string) error {
 	if s == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidSchema)
 	}
@@ -128,7 +133,7 @@ func New(db *sql.DB, cfg Config) (*Migrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	id := LockID(cfg.Schema)
+	id := lockID(cfg.Schema)
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(id),
 		lock.WithLockTimeout(1, uint64(max(1, math.Ceil(cfg.LockTimeout.Seconds())))),
@@ -137,7 +142,7 @@ func New(db *sql.DB, cfg Config) (*Migrator, error) {
 		return nil, fmt.Errorf("migrations: session locker: %w", err)
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithTableName(cfg.Schema+"."+VersionTable),
+		goose.WithTableName(cfg.Schema+"."+versionTable),
 		goose.WithSessionLocker(locker),
 		goose.WithDisableGlobalRegistry(true), // Go migrations registered by the application are not ours
 		goose.WithSlog(cfg.Logger),
@@ -148,8 +153,8 @@ func New(db *sql.DB, cfg Config) (*Migrator, error) {
 	return &Migrator{db: db, schema: cfg.Schema, provider: p, lockID: id}, nil
 }
 
-// LockID is the advisory lock key that serializes migrators of one schema.
-func LockID(schema string) int64 {
+// lockID is the advisory lock key that serializes migrators of one schema.
+func lockID(schema string) int64 {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, "delayq/migrations/"+schema)
 	return int64(h.Sum64())

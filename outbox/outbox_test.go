@@ -827,9 +827,6 @@ func TestCustomSchema(t *testing.T) {
 	if _, err := newClient(t, outbox.Config{}).Enqueue(ctx, pool, outbox.Task{Queue: "q", ID: "2"}); err == nil {
 		t.Error("enqueue into the unmigrated public schema succeeded")
 	}
-	if taskstate.TableName != migrations.TableName {
-		t.Errorf("taskstate.TableName %q != migrations.TableName %q", taskstate.TableName, migrations.TableName)
-	}
 }
 
 func TestConfig(t *testing.T) {

@@ -24,7 +24,7 @@ func runMigrate(ctx context.Context, m *Main, args []string) error {
 	if action != "up" && action != "down" && action != "status" {
 		return usagef("unknown action %q: want up, down or status", action)
 	}
-	if err := migrations.ValidateSchema(conn.schema); err != nil {
+	if err := (migrations.Config{Schema: conn.schema}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	pool, err := conn.openPostgres(ctx)

@@ -1,0 +1,4 @@
+package migrations
+
+// VersionTable is goose's version table inside the schema, for the tests.
+const VersionTable = versionTable
