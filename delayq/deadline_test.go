@@ -16,6 +16,7 @@ import (
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
 )
@@ -66,7 +67,7 @@ func TestMissedStartDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A start deadline before RunAt is refused, and writes nothing.
-	if _, err := ob.Enqueue(ctx, pool, outbox.Task{Queue: "dl", ID: "never", RunAt: now.Add(time.Hour), StartBy: now}); !errors.Is(err, outbox.ErrInvalidStartBy) {
+	if _, err := ob.Enqueue(ctx, pool, outbox.Task{Queue: "dl", ID: "never", RunAt: now.Add(time.Hour), StartBy: now}); !errors.Is(err, validate.ErrInvalidStartBy) {
 		t.Fatalf("StartBy before RunAt: %v, want ErrInvalidStartBy", err)
 	}
 

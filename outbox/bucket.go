@@ -28,16 +28,16 @@ import (
 // once the row is pruned, the same id enqueues again.
 //
 // The error wraps ErrInvalidTaskID when key is not a task id or the result would be
-// longer than 200 bytes, ErrInvalidRunAt for a bad bucket or a zero t.
+// longer than 200 bytes, ErrInvalidTask for a bad bucket or a zero t.
 func BucketID(key string, bucket time.Duration, t time.Time) (string, error) {
 	if err := validate.TaskID(key); err != nil {
 		return "", fmt.Errorf("outbox: bucket id: %w", err)
 	}
 	if bucket < time.Millisecond || bucket%time.Millisecond != 0 {
-		return "", fmt.Errorf("outbox: bucket id: %w: bucket %v: a whole number of milliseconds, at least 1ms", ErrInvalidRunAt, bucket)
+		return "", fmt.Errorf("outbox: bucket id: %w: bucket %v: a whole number of milliseconds, at least 1ms", validate.ErrInvalidRunAt, bucket)
 	}
 	if t.IsZero() {
-		return "", fmt.Errorf("outbox: bucket id: %w: zero time", ErrInvalidRunAt)
+		return "", fmt.Errorf("outbox: bucket id: %w: zero time", validate.ErrInvalidRunAt)
 	}
 	id := key + "@" + validate.TimeID(t.Truncate(bucket), bucket%time.Second != 0)
 	if err := validate.TaskID(id); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/internal/testenv"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -46,9 +47,9 @@ func TestBucketID(t *testing.T) {
 		{"", time.Hour, at, outbox.ErrInvalidTaskID},
 		{"a b", time.Hour, at, outbox.ErrInvalidTaskID},
 		{strings.Repeat("k", 190), time.Hour, at, outbox.ErrInvalidTaskID},
-		{"k", 0, at, outbox.ErrInvalidRunAt},
-		{"k", 1500 * time.Microsecond, at, outbox.ErrInvalidRunAt},
-		{"k", time.Hour, time.Time{}, outbox.ErrInvalidRunAt},
+		{"k", 0, at, validate.ErrInvalidRunAt},
+		{"k", 1500 * time.Microsecond, at, validate.ErrInvalidRunAt},
+		{"k", time.Hour, time.Time{}, validate.ErrInvalidRunAt},
 	} {
 		if _, err := outbox.BucketID(bad.key, bad.bucket, bad.at); !errors.Is(err, bad.want) {
 			t.Errorf("BucketID(%.20q, %v, %v): %v, want %v", bad.key, bad.bucket, bad.at, err, bad.want)

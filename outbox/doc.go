@@ -54,8 +54,8 @@
 // # Validation
 //
 // Bad input is refused before anything is sent, with an error that wraps one of
-// ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt, ErrPayloadTooLarge
-// or ErrInvalidMaxAttempts: test with errors.Is. Queue names and task ids follow the
+// ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidTask or ErrPayloadTooLarge: test
+// with errors.Is. Queue names and task ids follow the
 // rules that keep them safe inside Redis keys and their {queue} hash tag (see Task). The
 // default payload limit is 64 KiB (Config.MaxPayloadBytes).
 //

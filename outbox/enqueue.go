@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/delayq/delayq/internal/validate"
 	"slices"
 	"strings"
 	"time"
@@ -38,8 +39,9 @@ type ManyResult struct {
 //
 // Invalid input is reported before anything is sent, with an error wrapping one of the
 // sentinels listed at Validate, or ErrQueueType for a task a typed Queue built whose
-// payload type is not the one c has for the queue (see Queue); a StartBy before the due time (now plus Delay, on the
-// database clock) is refused by the statement itself, ErrInvalidStartBy, nothing
+// payload type is not the one c has for the queue (see Queue); a StartBy before the
+// due time (now plus Delay, on the database clock) is refused by the statement
+// itself, ErrInvalidTask, nothing
 // written and the transaction usable.
 func (c *Client) Enqueue(ctx context.Context, q Querier, t Task) (Result, error) {
 	return c.enqueue(ctx, pgxRunner{q}, t)
@@ -107,7 +109,7 @@ func (c *Client) enqueue(ctx context.Context, r runner, t Task) (Result, error) 
 // task's due time, on the database clock.
 func lateStartBy(startBy, due time.Time) error {
 	return fmt.Errorf("%w: %v is before the task's due time %v (its run-at or now plus its delay, on the database clock): it could never start",
-		ErrInvalidStartBy, startBy.UTC().Format(time.RFC3339Nano), due.UTC().Format(time.RFC3339Nano))
+		validate.ErrInvalidStartBy, startBy.UTC().Format(time.RFC3339Nano), due.UTC().Format(time.RFC3339Nano))
 }
 
 type key struct{ queue, id string }

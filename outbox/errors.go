@@ -17,15 +17,6 @@ var (
 	// byte outside printable ASCII, or '{' or '}'. It is the same value as
 	// delayq.ErrInvalidTaskID.
 	ErrInvalidTaskID = validate.ErrInvalidTaskID
-	// ErrInvalidDelay reports a negative Task.Delay.
-	ErrInvalidDelay = errors.New("invalid delay")
-	// ErrInvalidRunAt reports a run-at time that cannot be meant: at or before the Unix
-	// epoch (an unset timestamp), after the year 9999, or given together with a Delay.
-	ErrInvalidRunAt = errors.New("invalid run-at time")
-	// ErrInvalidStartBy reports a start deadline out of range, or before the task's
-	// due time (RunAt, now plus Delay on the database clock, or now): Validate
-	// checks the range and RunAt, the enqueue statement the rest, writing nothing.
-	ErrInvalidStartBy = errors.New("invalid start deadline")
 	// ErrNotMigrated reports that the outbox table does not exist in the schema:
 	// the migrations have not run there (package migrations, or `delayq migrate
 	// up`). CheckMigrated returns it, and so do the worker's and the relay's Run
@@ -34,17 +25,16 @@ var (
 	// ErrQueueType reports a task built by a Queue whose payload type is not the
 	// one the Client has seen for that queue name (see Queue).
 	ErrQueueType = errors.New("queue used with another payload type")
+	// ErrInvalidTask reports a task field out of its bounds: a negative Delay; a
+	// RunAt at or before the Unix epoch (an unset timestamp), after the year 9999,
+	// or given together with a Delay; a StartBy out of range or before the task's
+	// due time (Validate checks the range and RunAt, the enqueue statement the
+	// rest, writing nothing); a MaxAttempts below 0 (0 means the default) or above
+	// 2^31-1; a TraceContext longer than 512 bytes or with a byte outside printable
+	// ASCII; a Priority outside 0..9. The message names the field.
+	ErrInvalidTask = validate.ErrInvalidTask
 	// ErrPayloadTooLarge reports a payload larger than Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("payload too large")
-	// ErrInvalidMaxAttempts reports a negative Task.MaxAttempts (0 means the default) or
-	// one above 2^31-1.
-	ErrInvalidMaxAttempts = errors.New("invalid max attempts")
-	// ErrInvalidTraceContext reports a Task.TraceContext longer than 512 bytes or
-	// with a byte outside printable ASCII (same value as in validate).
-	ErrInvalidTraceContext = validate.ErrInvalidTraceContext
-	// ErrInvalidPriority reports a Task.Priority outside 0..9 (same value as in
-	// delayq).
-	ErrInvalidPriority = validate.ErrInvalidPriority
 	// ErrInvalidConfig reports an invalid Config field, or an invalid argument to a
 	// worker-side call (version, attempt).
 	ErrInvalidConfig = errors.New("invalid outbox config")

@@ -20,9 +20,9 @@ func FuzzValidate(f *testing.F) {
 		f.Fatal(err)
 	}
 	sentinels := []error{
-		outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, outbox.ErrInvalidDelay,
-		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, outbox.ErrInvalidPriority,
-		outbox.ErrInvalidStartBy,
+		outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, validate.ErrInvalidDelay,
+		validate.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, validate.ErrInvalidMaxAttempts, validate.ErrInvalidPriority,
+		validate.ErrInvalidStartBy,
 	}
 	f.Fuzz(func(t *testing.T, queue, id string, payloadLen int, delay, runAtUnix int64, maxAttempts, priority int, startByMS int64) {
 		task := outbox.Task{

@@ -30,7 +30,7 @@ func (c *Client) Cancel(ctx context.Context, q Querier, queue, id string) error 
 // Reschedule moves a task that has not finished (pending or queued) to runAt, as a new
 // version: the relay puts it in Redis again in place of the old one, and a worker running
 // the old version cannot complete it. Its attempts so far are kept. The relay is notified
-// at commit. It returns an error wrapping ErrInvalidRunAt for a runAt that is zero, at
+// at commit. It returns an error wrapping ErrInvalidTask for a runAt that is zero, at
 // or before the Unix epoch or after the year 9999, or ErrNotFound or ErrFinished.
 func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, runAt time.Time) error {
 	if err := checkKey(queue, id); err != nil {
@@ -53,7 +53,7 @@ func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, ru
 	if err == nil && row.Exists && row.State.Live() && !row.StartBy.IsZero() {
 		if row.StartBy.Before(runAt) || row.StartBy.Before(time.Now().Add(time.Second)) {
 			return fmt.Errorf("outbox: reschedule %s/%s: %w: the task's deadline %s is before the new run time %s: it could never start; nothing changed",
-				queue, id, ErrInvalidStartBy, row.StartBy.UTC().Format(time.RFC3339Nano), runAt.UTC().Format(time.RFC3339Nano))
+				queue, id, validate.ErrInvalidStartBy, row.StartBy.UTC().Format(time.RFC3339Nano), runAt.UTC().Format(time.RFC3339Nano))
 		}
 	}
 	return c.explain(ctx, q, "reschedule", queue, id)

@@ -401,14 +401,14 @@ func TestBadInput(t *testing.T) {
 		{"id with newline", with(func(t *outbox.Task) { t.ID = "a\nb" }), outbox.ErrInvalidTaskID},
 		{"id with NUL", with(func(t *outbox.Task) { t.ID = "a\x00b" }), outbox.ErrInvalidTaskID},
 		{"id not ASCII", with(func(t *outbox.Task) { t.ID = "commande-é" }), outbox.ErrInvalidTaskID},
-		{"negative delay", with(func(t *outbox.Task) { t.Delay = -time.Second }), outbox.ErrInvalidDelay},
-		{"run-at at the epoch", with(func(t *outbox.Task) { t.RunAt = time.Unix(0, 0) }), outbox.ErrInvalidRunAt},
-		{"run-at before the epoch", with(func(t *outbox.Task) { t.RunAt = time.Unix(-1, 0) }), outbox.ErrInvalidRunAt},
-		{"run-at after 9999", with(func(t *outbox.Task) { t.RunAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) }), outbox.ErrInvalidRunAt},
-		{"run-at and delay", with(func(t *outbox.Task) { t.RunAt = time.Now().Add(time.Hour); t.Delay = time.Hour }), outbox.ErrInvalidRunAt},
+		{"negative delay", with(func(t *outbox.Task) { t.Delay = -time.Second }), validate.ErrInvalidDelay},
+		{"run-at at the epoch", with(func(t *outbox.Task) { t.RunAt = time.Unix(0, 0) }), validate.ErrInvalidRunAt},
+		{"run-at before the epoch", with(func(t *outbox.Task) { t.RunAt = time.Unix(-1, 0) }), validate.ErrInvalidRunAt},
+		{"run-at after 9999", with(func(t *outbox.Task) { t.RunAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC) }), validate.ErrInvalidRunAt},
+		{"run-at and delay", with(func(t *outbox.Task) { t.RunAt = time.Now().Add(time.Hour); t.Delay = time.Hour }), validate.ErrInvalidRunAt},
 		{"payload over 64 KiB", with(func(t *outbox.Task) { t.Payload = make([]byte, 64<<10+1) }), outbox.ErrPayloadTooLarge},
-		{"negative max attempts", with(func(t *outbox.Task) { t.MaxAttempts = -1 }), outbox.ErrInvalidMaxAttempts},
-		{"max attempts over int32", with(func(t *outbox.Task) { t.MaxAttempts = 1 << 31 }), outbox.ErrInvalidMaxAttempts},
+		{"negative max attempts", with(func(t *outbox.Task) { t.MaxAttempts = -1 }), validate.ErrInvalidMaxAttempts},
+		{"max attempts over int32", with(func(t *outbox.Task) { t.MaxAttempts = 1 << 31 }), validate.ErrInvalidMaxAttempts},
 	}
 	sqlDB := b.sqlDB(t)
 
@@ -478,7 +478,7 @@ func TestBadInput(t *testing.T) {
 	if err := b.client.Reschedule(ctx, b.pool, "a", "x{", time.Now()); !errors.Is(err, outbox.ErrInvalidTaskID) {
 		t.Errorf("Reschedule with a bad id: %v", err)
 	}
-	if err := b.client.Reschedule(ctx, b.pool, "a", "x", time.Time{}); !errors.Is(err, outbox.ErrInvalidRunAt) {
+	if err := b.client.Reschedule(ctx, b.pool, "a", "x", time.Time{}); !errors.Is(err, validate.ErrInvalidRunAt) {
 		t.Errorf("Reschedule to the zero time: %v", err)
 	}
 	if _, err := b.client.MarkDone(ctx, b.pool, "a", "x", 0); !errors.Is(err, taskstate.ErrInvalidArgument) {

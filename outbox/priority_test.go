@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -61,13 +62,13 @@ func TestPriorityStored(t *testing.T) {
 
 	for _, p := range []int{-1, 10, 1 << 20} {
 		task := outbox.Task{Queue: "p", ID: "bad", Priority: p}
-		if err := b.client.Validate(task); !errors.Is(err, outbox.ErrInvalidPriority) {
+		if err := b.client.Validate(task); !errors.Is(err, validate.ErrInvalidPriority) {
 			t.Errorf("Validate priority %d: %v", p, err)
 		}
-		if _, err := b.client.Enqueue(ctx, b.pool, task); !errors.Is(err, outbox.ErrInvalidPriority) {
+		if _, err := b.client.Enqueue(ctx, b.pool, task); !errors.Is(err, validate.ErrInvalidPriority) {
 			t.Errorf("Enqueue priority %d: %v", p, err)
 		}
-		if _, err := b.client.EnqueueMany(ctx, b.pool, []outbox.Task{{Queue: "p", ID: "fine"}, task}); !errors.Is(err, outbox.ErrInvalidPriority) {
+		if _, err := b.client.EnqueueMany(ctx, b.pool, []outbox.Task{{Queue: "p", ID: "fine"}, task}); !errors.Is(err, validate.ErrInvalidPriority) {
 			t.Errorf("EnqueueMany priority %d: %v", p, err)
 		}
 	}

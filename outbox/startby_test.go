@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -48,7 +49,7 @@ func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.client.Enqueue(ctx, tx, c.task); !errors.Is(err, outbox.ErrInvalidStartBy) {
+		if _, err := b.client.Enqueue(ctx, tx, c.task); !errors.Is(err, validate.ErrInvalidStartBy) {
 			t.Errorf("%s: Enqueue: %v, want ErrInvalidStartBy", c.name, err)
 		} else if !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: Enqueue: %q does not say %q", c.name, err, c.says)
@@ -56,7 +57,7 @@ func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 		ok := c.task
 		ok.ID, ok.StartBy = "ok", time.Time{}
 		many := []outbox.Task{ok, c.task}
-		if _, err := b.client.EnqueueMany(ctx, tx, many); !errors.Is(err, outbox.ErrInvalidStartBy) || !strings.Contains(err.Error(), "task 1 of 2") {
+		if _, err := b.client.EnqueueMany(ctx, tx, many); !errors.Is(err, validate.ErrInvalidStartBy) || !strings.Contains(err.Error(), "task 1 of 2") {
 			t.Errorf("%s: EnqueueMany: %v, want ErrInvalidStartBy naming task 1 of 2", c.name, err)
 		}
 		// The transaction is still usable, and commits nothing of the above.
@@ -75,7 +76,7 @@ func TestStartByCheckedAgainstTheDueTime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.client.EnqueueSQL(ctx, sqlTx, c.task); !errors.Is(err, outbox.ErrInvalidStartBy) {
+		if _, err := b.client.EnqueueSQL(ctx, sqlTx, c.task); !errors.Is(err, validate.ErrInvalidStartBy) {
 			t.Errorf("%s: EnqueueSQL: %v, want ErrInvalidStartBy", c.name, err)
 		}
 		if err := sqlTx.Commit(); err != nil {
@@ -150,7 +151,7 @@ func TestRescheduleCheckedAgainstTheStartBy(t *testing.T) {
 	}
 	v0, at0 := row("bounded")
 	err := b.client.Reschedule(ctx, b.pool, "q", "bounded", deadline.Add(time.Minute))
-	if !errors.Is(err, outbox.ErrInvalidStartBy) || !strings.Contains(err.Error(), "could never start") {
+	if !errors.Is(err, validate.ErrInvalidStartBy) || !strings.Contains(err.Error(), "could never start") {
 		t.Fatalf("reschedule past the deadline: %v, want ErrInvalidStartBy", err)
 	}
 	if v, at := row("bounded"); v != v0 || !at.Equal(at0) {

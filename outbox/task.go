@@ -69,9 +69,8 @@ var (
 )
 
 // Validate checks t as Enqueue would, without touching the database. The error wraps
-// one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidDelay, ErrInvalidRunAt,
-// ErrPayloadTooLarge, ErrInvalidMaxAttempts, ErrInvalidStartBy, ErrInvalidTraceContext or
-// ErrInvalidPriority.
+// one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidTask (naming the field) or
+// ErrPayloadTooLarge.
 func (c *Client) Validate(t Task) error {
 	if err := validate.Queue(t.Queue); err != nil {
 		return err
@@ -80,11 +79,11 @@ func (c *Client) Validate(t Task) error {
 		return err
 	}
 	if t.Delay < 0 {
-		return fmt.Errorf("%w: %v is negative", ErrInvalidDelay, t.Delay)
+		return fmt.Errorf("%w: %v is negative", validate.ErrInvalidDelay, t.Delay)
 	}
 	if !t.RunAt.IsZero() {
 		if t.Delay != 0 {
-			return fmt.Errorf("%w: both Delay (%v) and RunAt (%v) are set; set one", ErrInvalidRunAt, t.Delay, t.RunAt)
+			return fmt.Errorf("%w: both Delay (%v) and RunAt (%v) are set; set one", validate.ErrInvalidRunAt, t.Delay, t.RunAt)
 		}
 		if err := checkRunAt(t.RunAt); err != nil {
 			return err
@@ -92,17 +91,17 @@ func (c *Client) Validate(t Task) error {
 	}
 	if !t.StartBy.IsZero() {
 		if !t.StartBy.After(minRunAt) || t.StartBy.UnixMilli() > maxStartByMS {
-			return fmt.Errorf("%w: %v is out of range", ErrInvalidStartBy, t.StartBy.UTC())
+			return fmt.Errorf("%w: %v is out of range", validate.ErrInvalidStartBy, t.StartBy.UTC())
 		}
 		if !t.RunAt.IsZero() && t.StartBy.Before(t.RunAt) {
-			return fmt.Errorf("%w: %v is before RunAt %v: the task could never start", ErrInvalidStartBy, t.StartBy.UTC(), t.RunAt.UTC())
+			return fmt.Errorf("%w: %v is before RunAt %v: the task could never start", validate.ErrInvalidStartBy, t.StartBy.UTC(), t.RunAt.UTC())
 		}
 	}
 	if limit := c.cfg.MaxPayloadBytes; len(t.Payload) > limit {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPayloadTooLarge, len(t.Payload), limit)
 	}
 	if t.MaxAttempts < 0 || t.MaxAttempts > validate.MaxAttempts {
-		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", ErrInvalidMaxAttempts, t.MaxAttempts, validate.MaxAttempts, c.cfg.DefaultMaxAttempts)
+		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", validate.ErrInvalidMaxAttempts, t.MaxAttempts, validate.MaxAttempts, c.cfg.DefaultMaxAttempts)
 	}
 	if err := validate.TraceContext(t.TraceContext); err != nil {
 		return err
@@ -112,10 +111,10 @@ func (c *Client) Validate(t Task) error {
 
 func checkRunAt(t time.Time) error {
 	if !t.After(minRunAt) {
-		return fmt.Errorf("%w: %v is at or before the Unix epoch; an unset timestamp?", ErrInvalidRunAt, t.UTC())
+		return fmt.Errorf("%w: %v is at or before the Unix epoch; an unset timestamp?", validate.ErrInvalidRunAt, t.UTC())
 	}
 	if !t.Before(maxRunAt) {
-		return fmt.Errorf("%w: %v is after the year 9999", ErrInvalidRunAt, t.UTC())
+		return fmt.Errorf("%w: %v is after the year 9999", validate.ErrInvalidRunAt, t.UTC())
 	}
 	return nil
 }

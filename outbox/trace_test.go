@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -73,7 +74,7 @@ func TestTraceContext(t *testing.T) {
 	}
 	for _, tc := range []string{strings.Repeat("x", 513), "a\nb"} {
 		_, err := c.Enqueue(ctx, b.pool, outbox.Task{Queue: "tr", ID: "bad", TraceContext: tc})
-		if !errors.Is(err, outbox.ErrInvalidTraceContext) {
+		if !errors.Is(err, validate.ErrInvalidTraceContext) {
 			t.Errorf("TraceContext %q: %v, want ErrInvalidTraceContext", tc, err)
 		}
 	}

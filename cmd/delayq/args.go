@@ -62,7 +62,7 @@ func (w *whenFlags) parse(fs *flagSet) (delay time.Duration, at time.Time, given
 		// The library reads a zero run-at as "not set", that is now: a zero given
 		// here is an unset timestamp, not a wish.
 		if at.IsZero() {
-			return 0, time.Time{}, false, usagef("--at %q: %v: the zero time; leave --at out to run now", w.at, outbox.ErrInvalidRunAt)
+			return 0, time.Time{}, false, usagef("--at %q: %v: the zero time; leave --at out to run now", w.at, validate.ErrInvalidRunAt)
 		}
 	}
 	return w.delay, at, isSet(fs, "delay") || w.at != "", nil
@@ -78,8 +78,8 @@ func newOutbox(schema string) (*outbox.Client, error) {
 
 // isUsage reports whether err is a mistake in the input rather than a failure.
 func isUsage(err error) bool {
-	for _, s := range []error{outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, outbox.ErrInvalidDelay,
-		outbox.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, outbox.ErrInvalidMaxAttempts, outbox.ErrInvalidStartBy, reconcile.ErrInvalidOptions} {
+	for _, s := range []error{outbox.ErrInvalidQueue, outbox.ErrInvalidTaskID, validate.ErrInvalidDelay,
+		validate.ErrInvalidRunAt, outbox.ErrPayloadTooLarge, validate.ErrInvalidMaxAttempts, validate.ErrInvalidStartBy, reconcile.ErrInvalidOptions} {
 		if errors.Is(err, s) {
 			return true
 		}

@@ -81,7 +81,7 @@ func (o *enqueueOptions) validate() error {
 			return usagef("--start-by %q: want RFC 3339, e.g. 2030-01-02T15:04:05Z", o.startBy)
 		}
 		if o.t.StartBy.IsZero() { // the library reads it as "no deadline"
-			return usagef("--start-by %q: %v: the zero time; leave --start-by out for no deadline", o.startBy, outbox.ErrInvalidStartBy)
+			return usagef("--start-by %q: %v: the zero time; leave --start-by out for no deadline", o.startBy, validate.ErrInvalidStartBy)
 		}
 	}
 	ob, err := newOutbox(o.conn.schema)
@@ -111,7 +111,7 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	}
 	defer pool.Close()
 	res, err := ob.Enqueue(ctx, pool, o.t)
-	if errors.Is(err, outbox.ErrInvalidStartBy) {
+	if errors.Is(err, validate.ErrInvalidStartBy) {
 		// Refused by the statement: before now plus --delay on the database clock,
 		// or already past.
 		return usagef("--start-by: %v", err)

@@ -68,8 +68,8 @@ func TestLimitsAgree(t *testing.T) {
 		{name: "payload at the hard limit", queue: "pay", id: "%s-16m", payload: validate.MaxPayloadBytes, ob: unlimited},
 		{name: "payload over the hard limit", queue: "pay", id: "%s-16m1", payload: validate.MaxPayloadBytes + 1, ob: unlimited, want: outbox.ErrPayloadTooLarge},
 		{name: "max attempts at the limit", queue: "att", id: "%s-1m", maxAttempts: validate.MaxAttempts, ob: std, cli: true},
-		{name: "max attempts over the limit", queue: "att", id: "%s-1m1", maxAttempts: validate.MaxAttempts + 1, ob: std, want: outbox.ErrInvalidMaxAttempts, cli: true},
-		{name: "max attempts 2,000,000", queue: "att", id: "%s-2m", maxAttempts: 2_000_000, ob: std, want: outbox.ErrInvalidMaxAttempts, cli: true},
+		{name: "max attempts over the limit", queue: "att", id: "%s-1m1", maxAttempts: validate.MaxAttempts + 1, ob: std, want: validate.ErrInvalidMaxAttempts, cli: true},
+		{name: "max attempts 2,000,000", queue: "att", id: "%s-2m", maxAttempts: 2_000_000, ob: std, want: validate.ErrInvalidMaxAttempts, cli: true},
 	}
 	paths := []struct {
 		name    string

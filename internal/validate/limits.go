@@ -35,8 +35,25 @@ const (
 	MaxPriority = 9
 )
 
+// ErrInvalidTask reports a task field out of its bounds (outbox.ErrInvalidTask):
+// the errors of the fields below wrap it, so a caller tells them apart by the
+// message and the module's own code by errors.Is.
+var ErrInvalidTask = errors.New("invalid task")
+
+// The errors of a task's fields, each wrapping ErrInvalidTask.
+var (
+	// ErrInvalidDelay reports a negative delay.
+	ErrInvalidDelay = fmt.Errorf("%w: delay", ErrInvalidTask)
+	// ErrInvalidRunAt reports a run-at time that cannot be meant.
+	ErrInvalidRunAt = fmt.Errorf("%w: run-at time", ErrInvalidTask)
+	// ErrInvalidStartBy reports a start deadline out of range or before the due time.
+	ErrInvalidStartBy = fmt.Errorf("%w: start deadline", ErrInvalidTask)
+	// ErrInvalidMaxAttempts reports max attempts out of 0..MaxAttempts.
+	ErrInvalidMaxAttempts = fmt.Errorf("%w: max attempts", ErrInvalidTask)
+)
+
 // ErrInvalidPriority reports a task priority outside 0..MaxPriority.
-var ErrInvalidPriority = errors.New("invalid priority")
+var ErrInvalidPriority = fmt.Errorf("%w: priority", ErrInvalidTask)
 
 // Priority checks a task's priority: 0..MaxPriority.
 func Priority(p int) error {
@@ -48,7 +65,7 @@ func Priority(p int) error {
 
 // ErrInvalidTraceContext reports a trace context longer than MaxTraceContextBytes
 // or with a byte outside printable ASCII.
-var ErrInvalidTraceContext = errors.New("invalid trace context")
+var ErrInvalidTraceContext = fmt.Errorf("%w: trace context", ErrInvalidTask)
 
 // TraceContext checks a task's trace context: "" (none), or at most
 // MaxTraceContextBytes of printable ASCII (what W3C trace context headers hold).
