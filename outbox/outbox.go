@@ -43,6 +43,18 @@ var (
 	_ Querier = (*pgxpool.Tx)(nil)
 )
 
+// DB is a database whose connections a long-running part holds (the relay's
+// rounds, LISTEN and advisory lock; the worker's transactional handlers):
+// *pgxpool.Pool satisfies it, and so does a wrapper of one (instrumented, say).
+// Calls that run in the caller's transaction take a Querier instead.
+type DB interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+var _ DB = (*pgxpool.Pool)(nil)
+
 // SQLQuerier is the database/sql side: *sql.Tx, *sql.DB and *sql.Conn satisfy it, and so
 // do sqlx's Tx and GORM's ConnPool (tx.Statement.ConnPool inside a GORM transaction). The
 // *sql.DB must use the pgx driver (github.com/jackc/pgx/v5/stdlib) for EnqueueManySQL,

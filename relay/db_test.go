@@ -34,14 +34,15 @@ func (c *countingDB) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	return c.Pool.Acquire(ctx)
 }
 
-// The worker takes any DB, not only a *pgxpool.Pool (the relay takes a pool):
-// tasks go through a relay and a worker on a wrapper, done exactly once.
+// Relay and worker take any DB, not only a *pgxpool.Pool: tasks go through a
+// relay and a worker both on a wrapper, done exactly once.
 func TestRelayAndWorkerOnAWrappedDB(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	rl, err := relay.New(testenv.Pool(t, b.url), b.dq, relay.Config{Logger: testLogger(t)})
+	rdb := &countingDB{Pool: testenv.Pool(t, b.url)}
+	rl, err := relay.New(rdb, b.dq, relay.Config{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +80,9 @@ func TestRelayAndWorkerOnAWrappedDB(t *testing.T) {
 	}
 	if effects != n || distinct != n {
 		t.Errorf("%d effects of %d tasks (%d distinct)", effects, n, distinct)
+	}
+	if rdb.acquired.Load() == 0 {
+		t.Error("the relay acquired no connection from its DB (its rounds hold one)")
 	}
 	cancel()
 	for range 2 {

@@ -26,7 +26,7 @@ import (
 // Relay moves due-soon outbox rows into Redis, reaps expired leases and prunes
 // finished rows. Create it with New and start it with Run.
 type Relay struct {
-	pool  *pgxpool.Pool
+	pool  outbox.DB
 	dq    *dispatch.Client
 	cfg   Config
 	sql   taskstate.Statements // reads
@@ -51,12 +51,12 @@ type Relay struct {
 	noShards atomic.Bool  // the role may not read delayq_queues: no ShardedQueues
 }
 
-// New returns a Relay on pool (the outbox database; the relay holds some of its
-// connections: its rounds while they follow one another, LISTEN, the healing
-// leader's advisory lock) and dq (the Redis side, which delayq.New builds). cfg is
-// completed with WithDefaults and validated; the metrics are registered on
-// cfg.Registerer.
-func New(pool *pgxpool.Pool, dq *dispatch.Client, cfg Config) (*Relay, error) {
+// New returns a Relay on pool (the outbox database, a *pgxpool.Pool or a wrapper of
+// one: the relay holds some of its connections, its rounds while they follow one
+// another, LISTEN, the healing leader's advisory lock) and dq (the Redis side,
+// which delayq.New builds). cfg is completed with WithDefaults and validated; the
+// metrics are registered on cfg.Registerer.
+func New(pool outbox.DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
 	if pool == nil || dq == nil {
 		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/outbox"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // tableName is the table of schedule states, created by package migrations.
@@ -66,13 +65,13 @@ type result struct {
 // RunOnce evaluates every schedule once: in one transaction per schedule, it
 // enqueues the ticks due by now + Lookahead that were not enqueued yet, applies
 // the missed-tick policy, and advances the schedule's last tick.
-func (r *Runner) RunOnce(ctx context.Context, pool *pgxpool.Pool) error {
+func (r *Runner) RunOnce(ctx context.Context, pool outbox.DB) error {
 	_, err := r.runOnce(ctx, pool)
 	return err
 }
 
 // runOnce is RunOnce, with what it did to each schedule.
-func (r *Runner) runOnce(ctx context.Context, pool *pgxpool.Pool) ([]result, error) {
+func (r *Runner) runOnce(ctx context.Context, pool outbox.DB) ([]result, error) {
 	out := make([]result, 0, len(r.sch))
 	var errs []error
 	for i := range r.sch {
@@ -90,7 +89,7 @@ func (r *Runner) runOnce(ctx context.Context, pool *pgxpool.Pool) ([]result, err
 // every tick is enqueued at least that long before it falls due.
 func (r *Runner) Wait() time.Duration { return r.cfg.Lookahead / 2 }
 
-func (r *Runner) evaluate(ctx context.Context, pool *pgxpool.Pool, s *compiled) (result, error) {
+func (r *Runner) evaluate(ctx context.Context, pool outbox.DB, s *compiled) (result, error) {
 	res := result{Name: s.Name}
 	var clock *time.Time
 	if r.now != nil {

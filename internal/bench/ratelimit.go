@@ -11,7 +11,6 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/validate"
-	"github.com/delayq/delayq/outbox"
 )
 
 // rateLimitWorkers and rateLimitRate: 4 workers pulling as fast as they can from
