@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
