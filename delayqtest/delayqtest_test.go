@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )

@@ -13,6 +13,7 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -133,7 +134,7 @@ func TestWorkLastAttempt(t *testing.T) {
 		t.Errorf("OnDead got %s, %q", id, reason)
 	}
 	got := delayqtest.RequireEnqueued(ctx, t, e.Pool, delayqtest.Want{Queue: "charge", ID: "big"})
-	if got.State != "dead" || got.Attempt != outbox.DefaultMaxAttempts {
+	if got.State != "dead" || got.Attempt != validate.DefaultMaxAttempts {
 		t.Errorf("the row: %+v", got)
 	}
 	if res := e.WorkLastAttempt(ctx, t, c, "charge", "small"); res.Outcome != delayq.OutcomeSucceeded {
