@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -63,7 +65,7 @@ type Config struct {
 // registered handlers (and, with Config.Relay, the relay), and carries the
 // operator's calls. Create it with New; it is safe for concurrent use.
 type Client struct {
-	pool DB
+	pool outbox.DB
 	rdb  redis.UniversalClient
 	cfg  Config
 	dq   *dispatch.Client
@@ -80,7 +82,7 @@ type Client struct {
 // wrapper of one that is a DB) and rdb (Redis: a client, a cluster client or a
 // failover client). It checks cfg and connects to nothing: the first call that
 // needs a server does.
-func New(pool DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
+func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
 	if pool == nil || rdb == nil {
 		return nil, fmt.Errorf("%w: New needs a pgx pool and a Redis client", ErrInvalidConfig)
 	}
@@ -103,7 +105,7 @@ func New(pool DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	if cfg.Relay != nil {
-		if c.rl, err = relay.New(pool, c.dq, *cfg.Relay); err != nil {
+		if c.rl, err = relay.New(pool, c.dq.AsRedis(), *cfg.Relay); err != nil {
 			return nil, fmt.Errorf("%w: relay: %w", ErrInvalidConfig, err)
 		}
 	}
@@ -116,7 +118,7 @@ func New(pool DB, rdb redis.UniversalClient, cfg Config) (*Client, error) {
 // resolve applies the defaults and hands the names given once to the parts.
 func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	if c.Schema == "" {
-		c.Schema = migrations.DefaultSchema
+		c.Schema = taskstate.DefaultSchema
 	}
 	if b, ok := rdb.(dispatch.Bound); ok && c.Prefix == "" {
 		c.Prefix = b.Client.Config().Prefix
@@ -125,22 +127,27 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 		c.Prefix = dispatch.DefaultPrefix
 	}
 	if c.NotifyChannel == "" {
-		c.NotifyChannel = outbox.DefaultNotifyChannel
+		c.NotifyChannel = taskstate.DefaultNotifyChannel
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if err := migrations.ValidateSchema(c.Schema); err != nil {
+	if err := (migrations.Config{Schema: c.Schema}).Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	var relayNames relay.Config
+	if c.Relay != nil {
+		relayNames = *c.Relay
+	}
 	for _, part := range []struct {
-		name, schema, channel string
+		name, schema, channel, prefix string
 	}{
-		{"Outbox", c.Outbox.Schema, c.Outbox.NotifyChannel},
-		{"Relay", relaySchema(c.Relay), relayChannel(c.Relay)},
+		{"Outbox", c.Outbox.Schema, c.Outbox.NotifyChannel, ""},
+		{"Relay", relayNames.Schema, relayNames.NotifyChannel, relayNames.Prefix},
 	} {
-		if part.schema != "" && part.schema != c.Schema || part.channel != "" && part.channel != c.NotifyChannel {
-			return c, fmt.Errorf("%w: %s names a schema or a notification channel of its own: set Config.Schema and Config.NotifyChannel alone",
+		if part.schema != "" && part.schema != c.Schema || part.channel != "" && part.channel != c.NotifyChannel ||
+			part.prefix != "" && part.prefix != c.Prefix {
+			return c, fmt.Errorf("%w: %s names a schema, a notification channel or a key prefix of its own: set Config.Schema, NotifyChannel and Prefix alone",
 				ErrInvalidConfig, part.name)
 		}
 	}
@@ -153,7 +160,7 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	}
 	if c.Relay != nil {
 		r := *c.Relay
-		r.Schema, r.NotifyChannel = c.Schema, c.NotifyChannel
+		r.Schema, r.NotifyChannel, r.Prefix = c.Schema, c.NotifyChannel, c.Prefix
 		if r.Logger == nil {
 			r.Logger = c.Logger
 		}
@@ -163,20 +170,6 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 		c.Relay = &r
 	}
 	return c, nil
-}
-
-func relaySchema(r *relay.Config) string {
-	if r == nil {
-		return ""
-	}
-	return r.Schema
-}
-
-func relayChannel(r *relay.Config) string {
-	if r == nil {
-		return ""
-	}
-	return r.NotifyChannel
 }
 
 // Migrate creates or upgrades the outbox's tables in Config.Schema to this
@@ -269,19 +262,19 @@ func (c *Client) Prioritize(g PriorityGroup) error { return c.w.Prioritize(g) }
 // Handle registers a plain handler for queue's raw payloads (Task.Payload),
 // for payloads that are not values of one Go type; see Register for typed
 // ones. Register before Run.
-func (c *Client) Handle(queue string, h Handler, cfg QueueConfig) error {
+func (c *Client) Handle(queue string, h func(ctx context.Context, t *Task) error, cfg QueueConfig) error {
 	return c.w.Handle(queue, h, cfg)
 }
 
 // HandleTx registers a transactional handler for queue's raw payloads; see
 // RegisterTx. Register before Run.
-func (c *Client) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
+func (c *Client) HandleTx(queue string, h func(ctx context.Context, tx pgx.Tx, t *Task) error, cfg QueueConfig) error {
 	return c.w.HandleTx(queue, h, cfg)
 }
 
 // HandleSQLTx registers a database/sql transactional handler, on db, for
 // queue's raw payloads; see RegisterSQL. Register before Run.
-func (c *Client) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg QueueConfig) error {
+func (c *Client) HandleSQLTx(queue string, db *sql.DB, h func(ctx context.Context, tx *sql.Tx, t *Task) error, cfg QueueConfig) error {
 	return c.w.HandleSQLTx(queue, db, h, cfg)
 }
 
@@ -296,7 +289,7 @@ func (c *Client) Config() Config {
 }
 
 // DB returns the PostgreSQL pool c was built on.
-func (c *Client) DB() DB { return c.pool }
+func (c *Client) DB() outbox.DB { return c.pool }
 
 // Redis returns the Redis client c was built on.
 func (c *Client) Redis() redis.UniversalClient { return c.rdb }

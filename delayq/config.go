@@ -1,6 +1,7 @@
 package delayq
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -57,9 +58,11 @@ type WorkerConfig struct {
 	// counts).
 	Registerer prometheus.Registerer
 
-	// OnError is called for every failed run, with what the worker is about to do
-	// about it. Default nil.
-	OnError ErrorHandler
+	// OnError is called for every failed run (not for Snooze or Cancel), with
+	// what the worker is about to do about it, before the failure is recorded:
+	// report it, count it. It cannot change the outcome; a panic in it is
+	// recovered and logged. Default nil.
+	OnError func(ctx context.Context, t *Task, f Failure)
 
 	// Middleware wraps the runs of every queue, outside each queue's own
 	// (QueueConfig.Middleware); the first is the outermost. The worker's Recover is
@@ -161,9 +164,12 @@ type QueueConfig struct {
 	// keep theirs in both stores so a person can run them again.) Default false.
 	ClearPayload bool
 
-	// Retry decides whether and when a failed task runs again. Default nil: the
+	// Retry decides, after the failed run number attempt (1 for the first),
+	// whether the task runs again and after how long (at least 1ms): retry false
+	// makes it dead. It is not asked when the handler said RetryAfter or NoRetry,
+	// nor after the last attempt (the task is dead anyway). Default nil: the
 	// Backoff, until the last attempt.
-	Retry RetryPolicy
+	Retry func(attempt int, err error) (delay time.Duration, retry bool)
 
 	// OnDead runs in the transaction that records a task's death (see DeadHook).
 	// Default nil.
@@ -302,8 +308,8 @@ func (b Backoff) Bounds(attempt int) (lo, hi time.Duration) {
 	return d - d/2, d
 }
 
-// Delay returns a random delay in Bounds(attempt).
-func (b Backoff) Delay(attempt int) time.Duration {
+// delay returns a random delay in Bounds(attempt).
+func (b Backoff) delay(attempt int) time.Duration {
 	lo, hi := b.Bounds(attempt)
 	if hi <= lo {
 		return lo

@@ -105,7 +105,7 @@ func TestBackoffBounds(t *testing.T) {
 			t.Errorf("Bounds(%d) = %v, %v; want %v, %v", c.attempt, lo, hi, c.lo, c.hi)
 		}
 		for range 100 {
-			if d := b.Delay(c.attempt); d < lo || d > hi {
+			if d := b.delay(c.attempt); d < lo || d > hi {
 				t.Fatalf("Delay(%d) = %v outside [%v, %v]", c.attempt, d, lo, hi)
 			}
 		}

@@ -21,6 +21,7 @@ type MissedDeadlineError struct {
 	StartBy, ClaimedAt time.Time
 }
 
+// Error says which deadline the claim missed, and by how much.
 func (e *MissedDeadlineError) Error() string {
 	return fmt.Sprintf("missed its start deadline %s: claimed %v later",
 		e.StartBy.UTC().Format(time.RFC3339Nano), e.ClaimedAt.Sub(e.StartBy))
@@ -58,7 +59,7 @@ func (r *run) missDeadline(ctx context.Context) outcome {
 		w.log.Error("worker: the missed-deadline hook failed; the death is rolled back and the task is settled again later",
 			"queue", t.Queue, "id", t.ID, "err", err)
 		w.stats.deadHookFailed.Add(1)
-		return r.snooze(ctx, q.cfg.Backoff.Delay(t.Attempt), "missed-deadline hook failed")
+		return r.snooze(ctx, q.cfg.Backoff.delay(t.Attempt), "missed-deadline hook failed")
 	case err != nil:
 		// Nothing recorded: the lease expires and a later claim finds it late again.
 		w.log.Error("worker: recording a missed deadline in the outbox failed", "queue", t.Queue, "id", t.ID, "err", err)

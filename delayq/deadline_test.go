@@ -72,7 +72,7 @@ func TestMissedStartDeadline(t *testing.T) {
 	}
 
 	// The relay first, alone: the tasks wait in Redis past their deadline.
-	rl, err := relay.New(pool, dq, relay.Config{})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,13 +45,8 @@ func (e *cancelError) Error() string {
 
 func (e *cancelError) Unwrap() error { return e.Err }
 
-// RetryPolicy decides, after the failed run number attempt (1 for the first),
-// whether the task runs again and after how long (at least 1ms): retry false
-// makes it dead. It is not asked when the handler said RetryAfter or NoRetry, nor
-// after the last attempt (the task is dead anyway).
-type RetryPolicy func(attempt int, err error) (delay time.Duration, retry bool)
-
-// Failure is what the worker does about a failed run, as an ErrorHandler sees it.
+// Failure is what the worker does about a failed run, as WorkerConfig.OnError
+// sees it.
 type Failure struct {
 	// Err is the run's error (a *PanicError for a panic).
 	Err error
@@ -63,11 +58,6 @@ type Failure struct {
 	// happens to it, so Dead and Delay are zero.
 	LeaseLost bool
 }
-
-// ErrorHandler is called for every failed run (not for Snooze or Cancel), before
-// the failure is recorded: report it, count it. It cannot change the outcome; a
-// panic in it is recovered and logged.
-type ErrorHandler func(ctx context.Context, t *Task, f Failure)
 
 // DeadHook runs in the Postgres transaction that records the task's death, with
 // the error that killed it: its writes commit with the death, or neither does.
@@ -88,7 +78,7 @@ type ErrorHandler func(ctx context.Context, t *Task, f Failure)
 // with the death it was for.
 type DeadHook func(ctx context.Context, tx pgx.Tx, t *Task, err error) error
 
-// reportError calls the worker's ErrorHandler, if any.
+// reportError calls the worker's OnError, if any.
 func (r *run) reportError(ctx context.Context, f Failure) {
 	h := r.w.cfg.OnError
 	if h == nil {
@@ -117,7 +107,7 @@ func (r *run) decide(err error) (dead bool, delay time.Duration) {
 		d, ok := q.cfg.Retry(t.Attempt, err)
 		return !ok, max(d, time.Millisecond)
 	}
-	return false, q.cfg.Backoff.Delay(t.Attempt)
+	return false, q.cfg.Backoff.delay(t.Attempt)
 }
 
 func (r *run) key() taskstate.Key {
@@ -193,7 +183,7 @@ func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome 
 		w.log.Error("worker: the dead hook failed; the death is rolled back and the task runs again",
 			"queue", t.Queue, "id", t.ID, "attempt", t.Attempt, "err", err)
 		w.stats.deadHookFailed.Add(1)
-		return r.snooze(ctx, q.cfg.Backoff.Delay(t.Attempt), "dead hook failed")
+		return r.snooze(ctx, q.cfg.Backoff.delay(t.Attempt), "dead hook failed")
 	case !res.Applied:
 		return r.refusedNow(ctx)
 	}

@@ -42,6 +42,7 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error is "panic: " and the value the handler panicked with.
 func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
 
 // Recover turns a panic in the rest of the run into a *PanicError, logging it with

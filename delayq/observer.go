@@ -86,9 +86,9 @@ type RunEndEvent struct {
 	Duration time.Duration
 }
 
-// Observers returns an Observer that calls each non-nil one of obs in turn (the
+// observers returns an Observer that calls each non-nil one of obs in turn (the
 // contexts RunStart returns are chained in that order), or nil when there is none.
-func Observers(obs ...Observer) Observer {
+func observers(obs ...Observer) Observer {
 	var all multiObserver
 	for _, o := range obs {
 		switch o := o.(type) {

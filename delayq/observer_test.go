@@ -111,14 +111,14 @@ func TestObserver(t *testing.T) {
 // Observers skips nil ones, flattens, and chains the contexts of RunStart.
 func TestObservers(t *testing.T) {
 	t.Parallel()
-	if Observers() != nil || Observers(nil, nil) != nil {
+	if observers() != nil || observers(nil, nil) != nil {
 		t.Error("no observer: want nil")
 	}
 	a, c := &obsRecorder{ends: map[string]RunEndEvent{}}, &obsRecorder{ends: map[string]RunEndEvent{}}
-	if Observers(nil, a) != Observer(a) {
+	if observers(nil, a) != Observer(a) {
 		t.Error("one observer: want it unwrapped")
 	}
-	m := Observers(Observers(a, nil), Observers(c))
+	m := observers(observers(a, nil), observers(c))
 	if got := len(m.(multiObserver)); got != 2 {
 		t.Fatalf("%d observers, want 2", got)
 	}

@@ -60,7 +60,7 @@ type startLog struct {
 	queues []string
 }
 
-func (l *startLog) handler(t *testing.T) TxHandler {
+func (l *startLog) handler(t *testing.T) txHandler {
 	return func(ctx context.Context, tx pgx.Tx, tk *Task) error {
 		l.mu.Lock()
 		l.queues = append(l.queues, tk.Queue)

@@ -308,7 +308,7 @@ func (r *run) refused(ctx context.Context, st taskstate.RowState) outcome {
 		w.log.Warn("worker: outbox row changed under the completion; giving the task back",
 			"queue", t.Queue, "id", t.ID, "version", t.Version, "state", st.State)
 		r.hbOff()
-		if err := w.ops.GiveBack(ctx, r.claim(), r.q.cfg.Backoff.Delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
+		if err := w.ops.GiveBack(ctx, r.claim(), r.q.cfg.Backoff.delay(t.Attempt), "outbox row changed"); r.leaseErr(err) != nil &&
 			!errors.Is(err, dispatch.ErrLeaseLost) {
 			w.log.Warn("worker: giving back the task failed", "queue", t.Queue, "id", t.ID, "err", err)
 		}

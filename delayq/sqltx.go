@@ -6,41 +6,23 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/outbox"
 )
 
-// DB is what a Client needs of Postgres: statements for its bookkeeping,
-// transactions for dead hooks, and connections it holds for transactional
-// handlers. *pgxpool.Pool satisfies it, and so does a wrapper of one
-// (instrumented, say).
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
-
-var _ DB = (*pgxpool.Pool)(nil)
-
-// SQLTxHandler is a transactional handler on database/sql (sqlx, GORM, ent): it
+// sqlTxHandler is a transactional handler on database/sql (sqlx, GORM, ent): it
 // writes its effect through tx, a transaction the worker began on the *sql.DB
 // given to HandleSQLTx, and the worker commits those writes together with the
 // task's completion, as for a TxHandler. It must not commit or roll back tx: a
 // run whose transaction the handler ended makes the task dead (ErrTxOwned), since
 // its writes may have committed without the completion.
-type SQLTxHandler func(ctx context.Context, tx *sql.Tx, t *Task) error
+type sqlTxHandler func(ctx context.Context, tx *sql.Tx, t *Task) error
 
 // HandleSQLTx registers a database/sql transactional handler for queue: its
 // transactions are begun on db, which must reach the outbox's database (with the
 // pgx driver, github.com/jackc/pgx/v5/stdlib, or any Postgres driver). See
 // HandleTx.
-func (w *worker) HandleSQLTx(queue string, db *sql.DB, h SQLTxHandler, cfg QueueConfig) error {
+func (w *worker) HandleSQLTx(queue string, db *sql.DB, h sqlTxHandler, cfg QueueConfig) error {
 	if h == nil || db == nil {
 		return fmt.Errorf("%w: nil handler or database for queue %q", ErrInvalidConfig, queue)
 	}

@@ -26,7 +26,7 @@ import (
 // its own until the test ends.
 func (b *bundle) startRelay(t *testing.T, queues ...string) {
 	t.Helper()
-	rl, err := relay.New(testenv.Pool(t, b.url), b.dq, relay.Config{
+	rl, err := relay.New(testenv.Pool(t, b.url), b.dq.AsRedis(), relay.Config{
 		Queues: queues, ReapInterval: 20 * time.Millisecond, Logger: newLogger(&syncBuffer{}),
 	})
 	if err != nil {

@@ -54,22 +54,22 @@ type Task struct {
 // attempt and version of the task. (Queue names never contain '/'.)
 func (t *Task) IdempotencyKey() string { return t.Queue + "/" + t.ID }
 
-// TxHandler is a transactional handler: it writes its effect through tx, and the
+// txHandler is a transactional handler: it writes its effect through tx, and the
 // worker commits those writes together with the task's completion in the outbox,
 // so the effect is applied exactly once. It must not commit or roll back tx (both
 // return ErrTxOwned and fail the run). An error (or a panic) rolls everything back
 // and the task is retried.
-type TxHandler func(ctx context.Context, tx pgx.Tx, t *Task) error
+type txHandler func(ctx context.Context, tx pgx.Tx, t *Task) error
 
-// Handler is a plain handler for effects outside Postgres. It runs at least once
+// plainHandler is a plain handler for effects outside Postgres. It runs at least once
 // per task (more after a crash or an expired lease): pass t.IdempotencyKey() on.
 // The completion is still recorded in the outbox after it returns nil.
-type Handler func(ctx context.Context, t *Task) error
+type plainHandler func(ctx context.Context, t *Task) error
 
 // worker claims tasks of the queues it has handlers for and runs them. Create it
 // with New, register handlers with Handle and HandleTx, then call Run.
 type worker struct {
-	pool DB
+	pool outbox.DB
 	dq   *dispatch.Client
 	ob   *outbox.Client
 	cfg  WorkerConfig
@@ -145,7 +145,7 @@ type queue struct {
 // newWorker returns a Worker that runs tasks from Redis (dq), records their completion
 // in the outbox (ob) on pool (a *pgxpool.Pool, or anything that is a DB), and
 // configures itself from cfg (completed with WithDefaults and validated).
-func newWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig) (*worker, error) {
+func newWorker(pool outbox.DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig) (*worker, error) {
 	if pool == nil || dq == nil || ob == nil {
 		return nil, fmt.Errorf("%w: nil pool, delayq client or outbox client", ErrInvalidConfig)
 	}
@@ -164,7 +164,7 @@ func newWorker(pool DB, dq *dispatch.Client, ob *outbox.Client, cfg WorkerConfig
 		}
 		prom, promO = p, p
 	}
-	obs := Observers(prom, cfg.Observer)
+	obs := observers(prom, cfg.Observer)
 	if obs == nil {
 		obs = nopObserver{}
 	}
@@ -193,7 +193,7 @@ func (w *worker) Config() WorkerConfig { return w.cfg }
 
 // HandleTx registers a transactional handler for queue, with its configuration
 // (zero value: defaults). Register before Run.
-func (w *worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
+func (w *worker) HandleTx(queue string, h txHandler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
@@ -202,7 +202,7 @@ func (w *worker) HandleTx(queue string, h TxHandler, cfg QueueConfig) error {
 
 // Handle registers a plain (at-least-once) handler for queue, with its
 // configuration (zero value: defaults). Register before Run.
-func (w *worker) Handle(queue string, h Handler, cfg QueueConfig) error {
+func (w *worker) Handle(queue string, h plainHandler, cfg QueueConfig) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler for queue %q", ErrInvalidConfig, queue)
 	}
@@ -211,9 +211,9 @@ func (w *worker) Handle(queue string, h Handler, cfg QueueConfig) error {
 
 // handlers is a queue's handler: one of them is set.
 type handlers struct {
-	tx    TxHandler
-	plain Handler
-	sql   SQLTxHandler
+	tx    txHandler
+	plain plainHandler
+	sql   sqlTxHandler
 	sqlDB *sql.DB // sql's
 }
 

@@ -6,7 +6,7 @@
 // Wire it in three places:
 //
 //	ob, _ := outbox.New(outbox.Config{TraceContext: delayqotel.TraceContext})
-//	rl, _ := relay.New(pool, dq, relay.Config{Observer: delayqotel.NewRelayObserver(nil)})
+//	rl, _ := relay.New(pool, dq.AsRedis(), relay.Config{Observer: delayqotel.NewRelayObserver(nil)})
 //	w, _ := worker.New(pool, dq, ob, worker.Config{Observer: delayqotel.NewWorkerObserver(nil)})
 //
 // The worker's span ("delayq.run <queue>", kind consumer) is the parent of whatever

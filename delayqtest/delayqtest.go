@@ -287,18 +287,15 @@ type Enqueued struct {
 	Payload     []byte
 }
 
-// Querier runs SQL on pgx: pgx.Tx, *pgxpool.Pool, *pgx.Conn (outbox.Querier).
-type Querier = outbox.Querier
-
 // RequireEnqueued fails the test unless db (the transaction under test, before
 // or after its commit) sees a task matching want, and returns the first match.
-func RequireEnqueued(ctx context.Context, t testing.TB, db Querier, want Want) Enqueued {
+func RequireEnqueued(ctx context.Context, t testing.TB, db outbox.Querier, want Want) Enqueued {
 	t.Helper()
 	return requireEnqueued(t, want, find(ctx, t, db, want))
 }
 
 // RequireNotEnqueued fails the test if db sees a task matching want.
-func RequireNotEnqueued(ctx context.Context, t testing.TB, db Querier, want Want) {
+func RequireNotEnqueued(ctx context.Context, t testing.TB, db outbox.Querier, want Want) {
 	t.Helper()
 	requireNotEnqueued(t, want, find(ctx, t, db, want))
 }
@@ -343,7 +340,7 @@ const maxRows = 10000
 
 var statements = taskstate.NewStatements(taskstate.Config{Schema: taskstate.DefaultSchema, NotifyChannel: taskstate.DefaultNotifyChannel})
 
-func find(ctx context.Context, t testing.TB, db Querier, want Want) []Enqueued {
+func find(ctx context.Context, t testing.TB, db outbox.Querier, want Want) []Enqueued {
 	t.Helper()
 	checkWant(t, want)
 	rows, err := db.Query(ctx, statements.Find, want.Queue, want.ID, maxRows)

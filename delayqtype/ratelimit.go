@@ -8,9 +8,9 @@ import (
 
 // Bounds of a queue's rate limit; the ctl script checks the same numbers.
 const (
-	MaxRateLimit  = 1_000_000_000
-	MaxRateBurst  = 1_000_000_000
-	MaxRatePeriod = (1 << 40) * time.Millisecond
+	maxRateLimit  = 1_000_000_000
+	maxRateBurst  = 1_000_000_000
+	maxRatePeriod = (1 << 40) * time.Millisecond
 )
 
 // ErrInvalidRateLimit reports a rate limit outside its bounds.
@@ -26,7 +26,7 @@ type RateLimit struct {
 	Limit int `json:"limit"`
 	// Period is 1 ms .. 2^40 ms, in whole milliseconds (default 1 s).
 	Period time.Duration `json:"period"`
-	// Burst is 1 .. 10^9; 0 means DefaultBurstWindow's worth of starts at the
+	// Burst is 1 .. 10^9; 0 means defaultBurstWindow's worth of starts at the
 	// limit, at least 1. A burst of 1 spaces every start strictly, and a worker
 	// that wakes late to its start loses that time: the rate then falls short
 	// of the limit by the workers' lateness (half of 200/s on a loaded 2-core
@@ -34,9 +34,9 @@ type RateLimit struct {
 	Burst int `json:"burst"`
 }
 
-// DefaultBurstWindow sizes the default burst: the starts the limit allows in
+// defaultBurstWindow sizes the default burst: the starts the limit allows in
 // 100 ms, so that workers waking up to 100 ms late still start at the limit.
-const DefaultBurstWindow = 100 * time.Millisecond
+const defaultBurstWindow = 100 * time.Millisecond
 
 // WithDefaults fills a zero Period (1 s) and Burst (see Burst).
 func (r RateLimit) WithDefaults() RateLimit {
@@ -46,7 +46,7 @@ func (r RateLimit) WithDefaults() RateLimit {
 	if r.Burst == 0 {
 		r.Burst = 1
 		if r.Limit > 0 && r.Period > 0 {
-			r.Burst = int(max(1, min(MaxRateBurst, (int64(r.Limit)*int64(DefaultBurstWindow)+int64(r.Period)-1)/int64(r.Period))))
+			r.Burst = int(max(1, min(maxRateBurst, (int64(r.Limit)*int64(defaultBurstWindow)+int64(r.Period)-1)/int64(r.Period))))
 		}
 	}
 	return r
@@ -55,12 +55,12 @@ func (r RateLimit) WithDefaults() RateLimit {
 // Validate checks r (defaults applied first by the caller).
 func (r RateLimit) Validate() error {
 	switch {
-	case r.Limit < 0 || r.Limit > MaxRateLimit:
-		return fmt.Errorf("%w: limit %d: 0 (none) .. %d starts per period", ErrInvalidRateLimit, r.Limit, MaxRateLimit)
-	case r.Period < time.Millisecond || r.Period > MaxRatePeriod || r.Period%time.Millisecond != 0:
+	case r.Limit < 0 || r.Limit > maxRateLimit:
+		return fmt.Errorf("%w: limit %d: 0 (none) .. %d starts per period", ErrInvalidRateLimit, r.Limit, maxRateLimit)
+	case r.Period < time.Millisecond || r.Period > maxRatePeriod || r.Period%time.Millisecond != 0:
 		return fmt.Errorf("%w: period %v: whole milliseconds, 1ms .. 2^40ms", ErrInvalidRateLimit, r.Period)
-	case r.Burst < 1 || r.Burst > MaxRateBurst:
-		return fmt.Errorf("%w: burst %d: 1 .. %d", ErrInvalidRateLimit, r.Burst, MaxRateBurst)
+	case r.Burst < 1 || r.Burst > maxRateBurst:
+		return fmt.Errorf("%w: burst %d: 1 .. %d", ErrInvalidRateLimit, r.Burst, maxRateBurst)
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func setup(t *testing.T) servers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relay.New(s.pool, dq, relay.Config{ReapInterval: 100 * time.Millisecond})
+	rl, err := relay.New(s.pool, dq.AsRedis(), relay.Config{ReapInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

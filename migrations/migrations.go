@@ -19,10 +19,6 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
-// DefaultSchema is the schema used when Config.Schema is empty. (delayq.Config
-// reads it; it goes when that takes internal/taskstate's.)
-const DefaultSchema = defaultSchema
-
 const (
 	// defaultSchema is the schema used when Config.Schema is empty.
 	defaultSchema = "public"
@@ -78,10 +74,6 @@ func (c Config) validate() error {
 	}
 	return nil
 }
-
-// ValidateSchema checks a schema name, as Config.Validate does. (delayq.Config
-// calls it; it goes when that calls Config.Validate.)
-func ValidateSchema(s string) error { return validateSchema(s) }
 
 // validateSchema checks a schema name: 1..63 bytes of [a-z0-9_], not starting with a
 // digit. Such a name means the same quoted or not, so it is safe to splice into SQL.

@@ -15,11 +15,6 @@ import (
 	"github.com/delayq/delayq/internal/validate"
 )
 
-// DefaultNotifyChannel is the channel the enqueue notifies and the relay listens
-// on when Config.NotifyChannel is empty. (delayq.Config reads it; it goes when
-// that takes internal/taskstate's.)
-const DefaultNotifyChannel = taskstate.DefaultNotifyChannel
-
 // Defaults of Config, as its fields' comments state them.
 const (
 	defaultNotifyWithin   = 30 * time.Second

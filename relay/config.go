@@ -49,6 +49,10 @@ type Config struct {
 	// NotifyChannel is the channel the producers notify at commit (outbox
 	// Config.NotifyChannel). Default "delayq_outbox".
 	NotifyChannel string
+	// Prefix starts every Redis key; the workers' must be the same. Default
+	// "dq". (In delayq.Config.Relay, leave Schema, NotifyChannel and Prefix
+	// empty: the client names them.)
+	Prefix string
 
 	// Queues limits the relay, and its reaper, to these queues. Default: every
 	// queue. The reaper then discovers the queues from Postgres (those with queued

@@ -7,7 +7,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/delayq/delayq/control"
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/relay"
@@ -15,14 +17,14 @@ import (
 
 // TestControlSyncRepairsAFailedWrite: changes of a sharded queue's controls whose
 // Redis write failed (Redis unreachable from the caller) are committed in
-// Postgres and reported as control.ErrNotMirrored; the running relay's control
+// Postgres and reported as delayq.ErrNotMirrored; the running relay's control
 // sync then writes them into every shard, at Postgres's version. The test waits
 // on the wake-up the sync's write of a changed limit publishes in each shard.
 func TestControlSyncRepairsAFailedWrite(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	queues, err := control.New(b.pool, b.ob, b.dq)
+	queues, err := clientkit.NewClient(b.pool, b.dq, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,18 +37,18 @@ func TestControlSyncRepairsAFailedWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	failing, err := control.New(b.pool, b.ob, dqDown)
+	failing, err := clientkit.NewClient(b.pool, dqDown, b.ob, delayq.WorkerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := failing.Pause(ctx, "mail"); !errors.Is(err, control.ErrNotMirrored) {
+	if _, err := failing.Pause(ctx, "mail"); !errors.Is(err, delayq.ErrNotMirrored) {
 		t.Fatalf("pause: %v, want ErrNotMirrored", err)
 	}
-	if _, err := failing.Resume(ctx, "mail"); !errors.Is(err, control.ErrNotMirrored) {
+	if _, err := failing.Resume(ctx, "mail"); !errors.Is(err, delayq.ErrNotMirrored) {
 		t.Fatalf("resume: %v, want ErrNotMirrored", err)
 	}
-	want, err := failing.SetRateLimit(ctx, "mail", control.RateLimit{Limit: 20})
-	if !errors.Is(err, control.ErrNotMirrored) {
+	want, err := failing.SetRateLimit(ctx, "mail", delayqtype.RateLimit{Limit: 20})
+	if !errors.Is(err, delayq.ErrNotMirrored) {
 		t.Fatalf("limit: %v, want ErrNotMirrored", err)
 	}
 	if _, v, err := b.dq.Controls(ctx, "mail"); err != nil || v >= want.Version {

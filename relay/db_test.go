@@ -42,7 +42,7 @@ func TestRelayAndWorkerOnAWrappedDB(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rdb := &countingDB{Pool: testenv.Pool(t, b.url)}
-	rl, err := relay.New(rdb, b.dq, relay.Config{Logger: testLogger(t)})
+	rl, err := relay.New(rdb, b.dq.AsRedis(), relay.Config{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

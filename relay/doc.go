@@ -5,7 +5,7 @@
 // Config; New, which takes the Redis side built by package delayq, is how the
 // client and the command start it:
 //
-//	rl, err := relay.New(pool, dq, relay.Config{Registerer: prometheus.DefaultRegisterer})
+//	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Registerer: prometheus.DefaultRegisterer})
 //	...
 //	err = rl.Run(ctx) // until ctx ends; nil after finishing the round in hand
 //

@@ -79,7 +79,7 @@ func TestEveryPathWritesTheSameTask(t *testing.T) {
 	}
 
 	// The relay's round: the reference.
-	rl, err := relay.New(testenv.Pool(t, b.url), b.dq, relay.Config{RepairRate: -1, Logger: testLogger(t)})
+	rl, err := relay.New(testenv.Pool(t, b.url), b.dq.AsRedis(), relay.Config{RepairRate: -1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	rl, err := relay.New(pool, dq, relay.Config{
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{
 		Logger:     slog.Default(),
 		Registerer: prometheus.DefaultRegisterer,
 	})

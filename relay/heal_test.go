@@ -115,7 +115,7 @@ func TestOneHealingLeader(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := healConfig()
 	cfg.Registerer, cfg.Logger = reg, testLogger(t)
-	rl, err := relay.New(testenv.Pool(t, b.url), b.dq, cfg)
+	rl, err := relay.New(testenv.Pool(t, b.url), b.dq.AsRedis(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

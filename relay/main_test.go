@@ -81,7 +81,7 @@ func startOn(t *testing.T, pool *pgxpool.Pool, dq *dispatch.Client, cfg relay.Co
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
-	rl, err := relay.New(pool, dq, cfg)
+	rl, err := relay.New(pool, dq.AsRedis(), cfg)
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}

@@ -56,11 +56,11 @@ func TestObserverAndSharedRegistry(t *testing.T) {
 	ctx := ctxT(t)
 	reg := prometheus.NewRegistry()
 	rec1, rec2 := &moveRecorder{}, &moveRecorder{}
-	r1, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg, Observer: rec1})
+	r1, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: reg, Observer: rec1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg, Observer: rec2})
+	r2, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: reg, Observer: rec2})
 	if err != nil {
 		t.Fatalf("second relay on the registry: %v", err)
 	}
@@ -107,7 +107,7 @@ func TestObserverErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rec := &eventRecorder{}
-	rl, err := relay.New(b.pool, b.dq, relay.WithAfterEnqueue(relay.Config{Observer: rec}, func() error {
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.WithAfterEnqueue(relay.Config{Observer: rec}, func() error {
 		return errors.New("injected")
 	}))
 	if err != nil {

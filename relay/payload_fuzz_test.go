@@ -45,7 +45,7 @@ func FuzzPayloadThroughRelay(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	rl, err := relay.New(pool, dq, relay.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestPollOnlyThroughPgBouncer(t *testing.T) {
 
 	var relays []*relay.Relay
 	for range 2 {
-		rl, err := relay.New(testenv.Pool(t, url), b.dq, relay.Config{
+		rl, err := relay.New(testenv.Pool(t, url), b.dq.AsRedis(), relay.Config{
 			PollOnly: true, PollInterval: 100 * time.Millisecond, LeaderRetry: 200 * time.Millisecond,
 			Logger: testLogger(t),
 		})
@@ -153,7 +153,7 @@ func BenchmarkRelayLatency(b *testing.B) {
 			tb := setup(b)
 			ctx := context.Background()
 			c.cfg.ReapInterval, c.cfg.StatsInterval, c.cfg.RepairRate = -1, -1, -1
-			rl, err := relay.New(tb.pool, tb.dq, c.cfg)
+			rl, err := relay.New(tb.pool, tb.dq.AsRedis(), c.cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/relayobs"
@@ -53,15 +54,21 @@ type Relay struct {
 
 // New returns a Relay on pool (the outbox database, a *pgxpool.Pool or a wrapper of
 // one: the relay holds some of its connections, its rounds while they follow one
-// another, LISTEN, the healing leader's advisory lock) and dq (the Redis side,
-// which delayq.New builds). cfg is completed with WithDefaults and validated; the
-// metrics are registered on cfg.Registerer.
-func New(pool outbox.DB, dq *dispatch.Client, cfg Config) (*Relay, error) {
-	if pool == nil || dq == nil {
-		return nil, fmt.Errorf("%w: nil pool or delayq client", ErrInvalidConfig)
+// another, LISTEN, the healing leader's advisory lock) and rdb (Redis, with keys
+// under cfg.Prefix). cfg is completed with WithDefaults and validated; the
+// metrics are registered on cfg.Registerer. A service's own process runs the
+// relay through delayq.Config.Relay instead; New is for a relay of its own (the
+// delayq relay command).
+func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Relay, error) {
+	if pool == nil || rdb == nil {
+		return nil, fmt.Errorf("%w: nil pool or Redis client", ErrInvalidConfig)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	dq, err := dispatchOn(rdb, cfg)
+	if err != nil {
 		return nil, err
 	}
 	store := taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
@@ -474,4 +481,21 @@ func (r *Relay) queuedQueues(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// dispatchOn returns the Redis side on rdb: the dispatch client rdb is bound to
+// (the delayq client's, or the module's own tools'), whose prefix must be
+// cfg.Prefix when that is set, or one with cfg.Prefix.
+func dispatchOn(rdb redis.UniversalClient, cfg Config) (*dispatch.Client, error) {
+	if b, ok := rdb.(dispatch.Bound); ok {
+		if p := b.Client.Config().Prefix; cfg.Prefix != "" && cfg.Prefix != p {
+			return nil, fmt.Errorf("%w: Prefix %q, the Redis client's %q", ErrInvalidConfig, cfg.Prefix, p)
+		}
+		return b.Client, nil
+	}
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return dq, nil
 }

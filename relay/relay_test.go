@@ -397,7 +397,7 @@ FROM generate_series(1, $4) AS i`, prefix, state, doneAgo.Microseconds(), n)
 	insert("queued", "queued", 2, 0)
 
 	reg := prometheus.NewRegistry()
-	rl, err := relay.New(b.pool, b.dq, relay.Config{Retention: time.Hour, RetentionBatch: 3, Registerer: reg})
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Retention: time.Hour, RetentionBatch: 3, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func TestShutdownFinishesRound(t *testing.T) {
 		cancel() // SIGTERM arrives between the Redis write and the commit
 		return nil
 	}
-	rl, err := relay.New(b.pool, b.dq, relay.WithAfterEnqueue(relay.Config{Logger: testLogger(t)}, hook))
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.WithAfterEnqueue(relay.Config{Logger: testLogger(t)}, hook))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +609,7 @@ VALUES ('q', 'late', now() - interval '90 seconds', 'x', 1, 'pending', NULL),
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	rl, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg})
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,22 +659,22 @@ func TestConfig(t *testing.T) {
 		{FollowUpFor: -2},
 		{FollowUp: time.Second, FollowUpFor: time.Millisecond},
 	} {
-		if _, err := relay.New(b.pool, b.dq, c); !errors.Is(err, relay.ErrInvalidConfig) {
+		if _, err := relay.New(b.pool, b.dq.AsRedis(), c); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want ErrInvalidConfig", c, err)
 		}
 	}
-	if _, err := relay.New(nil, b.dq, relay.Config{}); !errors.Is(err, relay.ErrInvalidConfig) {
+	if _, err := relay.New(nil, b.dq.AsRedis(), relay.Config{}); !errors.Is(err, relay.ErrInvalidConfig) {
 		t.Errorf("New(nil pool): %v", err)
 	}
 	// -1 turns the reaper, the retention, the self-healing and the follow-up off.
-	if _, err := relay.New(b.pool, b.dq, relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1, RepairRate: -1, FollowUpFor: -1}); err != nil {
+	if _, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{ReapInterval: -1, Retention: -1, StatsInterval: -1, RepairRate: -1, FollowUpFor: -1}); err != nil {
 		t.Errorf("off switches: %v", err)
 	}
 	reg := prometheus.NewRegistry()
-	if _, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg}); err != nil {
+	if _, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: reg}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relay.New(b.pool, b.dq, relay.Config{Registerer: reg}); err != nil {
+	if _, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: reg}); err != nil {
 		t.Errorf("second relay on one registry: %v, want the collectors shared", err)
 	}
 }
@@ -900,7 +900,7 @@ func TestListenConnectionUsesPoolHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	rl, err := relay.New(pool, b.dq, relay.Config{PollInterval: time.Minute, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
+	rl, err := relay.New(pool, b.dq.AsRedis(), relay.Config{PollInterval: time.Minute, Logger: testLogger(t), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -926,7 +926,7 @@ func TestRunRefusesAnUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pool := testenv.Pool(t, testenv.EmptyPostgresURL(t))
-	rl, err := relay.New(pool, b.dq, relay.Config{Logger: testLogger(t)})
+	rl, err := relay.New(pool, b.dq.AsRedis(), relay.Config{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -267,7 +267,7 @@ func TestScheduleMissedTicks(t *testing.T) {
 func (b testBundle) startStoppable(t *testing.T, cfg relay.Config) (stop func()) {
 	t.Helper()
 	cfg.Logger = testLogger(t)
-	rl, err := relay.New(testenv.Pool(t, b.url), b.dq, cfg)
+	rl, err := relay.New(testenv.Pool(t, b.url), b.dq.AsRedis(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func TestRedisLossShardedRelayDown(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := healConfig()
 	cfg.Registerer, cfg.Logger = reg, testLogger(t)
-	rl, err := relay.New(testenv.Pool(t, b.url), dq, cfg)
+	rl, err := relay.New(testenv.Pool(t, b.url), dq.AsRedis(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

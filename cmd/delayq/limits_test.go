@@ -150,7 +150,7 @@ func TestLimitsAgree(t *testing.T) {
 	if b.dq, err = dispatch.New(patient, dispatch.Config{Prefix: b.prefix}); err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relay.New(b.pool, b.dq, relay.Config{Registerer: prometheus.NewRegistry(), RoundTimeout: 2 * time.Minute,
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{Registerer: prometheus.NewRegistry(), RoundTimeout: 2 * time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

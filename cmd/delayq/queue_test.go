@@ -53,7 +53,7 @@ func TestQueuePauseUnderLoad(t *testing.T) {
 		done = append(done, d)
 		go func() { d <- run(runCtx) }()
 	}
-	rl, err := relay.New(b.pool, b.dq, relay.Config{})
+	rl, err := relay.New(b.pool, b.dq.AsRedis(), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	defer deps.close()
 	cfg := o.relay
 	cfg.Logger, cfg.Registerer = logger, deps.reg
-	rl, err := relay.New(deps.pool, deps.dq, cfg)
+	rl, err := relay.New(deps.pool, deps.dq.AsRedis(), cfg)
 	if err != nil {
 		return err
 	}

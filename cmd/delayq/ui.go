@@ -163,7 +163,7 @@ func startDemoWorkload(ctx context.Context, wg *sync.WaitGroup, pool *pgxpool.Po
 	if err != nil {
 		return fmt.Errorf("demo: migrate: %w", err)
 	}
-	rl, err := relay.New(pool, dq, relay.Config{Schema: schema, ReapInterval: 200 * time.Millisecond})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Schema: schema, ReapInterval: 200 * time.Millisecond})
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rl, err := relay.New(pool, dq, relay.Config{Logger: log})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func signup(db *sql.DB, ob *outbox.Client, delay time.Duration) http.HandlerFunc
 
 // sendWelcome stands in for a mail provider call. It records the send with the
 // task's idempotency key, as a provider would use it to drop repeated requests.
-func sendWelcome(pool *pgxpool.Pool, log *slog.Logger) delayq.Handler {
+func sendWelcome(pool *pgxpool.Pool, log *slog.Logger) func(context.Context, *delayq.Task) error {
 	return func(ctx context.Context, t *delayq.Task) error {
 		_, err := pool.Exec(ctx, `INSERT INTO sent_emails (email, idempotency_key) VALUES ($1::jsonb->>'email', $2)`,
 			string(t.Payload), t.IdempotencyKey())

@@ -40,7 +40,7 @@ func (s *session) fill(ctx context.Context, n int, delay time.Duration) error {
 
 // startRelay runs a relay with default settings until the returned stop.
 func (s *session) startRelay(ctx context.Context) (stop func() error, err error) {
-	rl, err := relay.New(s.pool, s.dq, relay.Config{Schema: s.schema})
+	rl, err := relay.New(s.pool, s.dq.AsRedis(), relay.Config{Schema: s.schema})
 	if err != nil {
 		return nil, err
 	}

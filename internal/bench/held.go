@@ -50,7 +50,7 @@ func enqueueTxHeld(late bool) func(ctx context.Context, s *session, r *Result) e
 		if err != nil {
 			return err
 		}
-		rl, err := relay.New(s.pool, s.dq, relay.Config{Schema: s.schema, NotifyChannel: s.schema})
+		rl, err := relay.New(s.pool, s.dq.AsRedis(), relay.Config{Schema: s.schema, NotifyChannel: s.schema})
 		if err != nil {
 			return err
 		}

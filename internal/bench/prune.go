@@ -57,7 +57,7 @@ func prune(ctx context.Context, s *session, r *Result) error {
 		return err
 	}
 	defer relayPool.Close()
-	rl, err := relay.New(relayPool, s.dq, relay.Config{Schema: s.schema, Retention: time.Hour,
+	rl, err := relay.New(relayPool, s.dq.AsRedis(), relay.Config{Schema: s.schema, Retention: time.Hour,
 		RetentionInterval: 24 * time.Hour, RetentionBatch: batch, Observer: relayTracer{stats}})
 	if err != nil {
 		return err

@@ -167,7 +167,7 @@ func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) err
 			return err
 		}
 	}
-	rl, err := relay.New(s.pool, tgt.dq, relay.Config{Schema: s.schema})
+	rl, err := relay.New(s.pool, tgt.dq.AsRedis(), relay.Config{Schema: s.schema})
 	if err != nil {
 		return err
 	}

@@ -189,7 +189,7 @@ func (s *session) shardPhase(ctx context.Context, g *shardRig, r *Result, ph sha
 	}
 
 	// The relay's move.
-	rl, err := relay.New(s.pool, g.dq, relay.Config{Schema: s.schema})
+	rl, err := relay.New(s.pool, g.dq.AsRedis(), relay.Config{Schema: s.schema})
 	if err != nil {
 		return err
 	}

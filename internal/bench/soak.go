@@ -122,7 +122,7 @@ func soak(ctx context.Context, s *session, r *Result) error {
 		return err
 	}
 	defer workerPool.Close()
-	rl, err := relay.New(relayPool, s.dq, relay.Config{Schema: s.schema, Retention: retention,
+	rl, err := relay.New(relayPool, s.dq.AsRedis(), relay.Config{Schema: s.schema, Retention: retention,
 		RetentionInterval: retentionEvery, RetentionBatch: batch, Observer: relayTracer{stats}})
 	if err != nil {
 		return err

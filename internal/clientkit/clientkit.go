@@ -12,7 +12,7 @@ import (
 
 // NewClient returns a client on pool, dq and ob's configuration, with the
 // worker configuration cfg and no relay.
-func NewClient(pool delayq.DB, dq *dispatch.Client, ob *outbox.Client, cfg delayq.WorkerConfig) (*delayq.Client, error) {
+func NewClient(pool outbox.DB, dq *dispatch.Client, ob *outbox.Client, cfg delayq.WorkerConfig) (*delayq.Client, error) {
 	oc := ob.Config()
 	return delayq.New(pool, dq.AsRedis(), delayq.Config{Schema: oc.Schema, NotifyChannel: oc.NotifyChannel, Outbox: oc, Worker: cfg})
 }

@@ -488,7 +488,7 @@ func testWorker(t *testing.T, rdb *redis.ClusterClient, queues []string) {
 			tasks = append(tasks, tk)
 		}
 	}
-	handler := func(name string) delayq.TxHandler {
+	handler := func(name string) func(context.Context, pgx.Tx, *delayq.Task) error {
 		return func(ctx context.Context, tx pgx.Tx, tk *delayq.Task) error {
 			if err := effect(ctx, tx, name, tk); err != nil {
 				return err

@@ -229,7 +229,7 @@ func runRelay(t testing.TB, url string, dq *dispatch.Client, cfg relay.Config) *
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t, "relay")
 	}
-	rl, err := relay.New(testenv.Pool(t, url), dq, cfg)
+	rl, err := relay.New(testenv.Pool(t, url), dq.AsRedis(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,7 +161,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	rl, err := relay.New(pool, dq, relay.Config{Schema: schema, ReapInterval: 200 * time.Millisecond, Logger: cfg.Logger})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Schema: schema, ReapInterval: 200 * time.Millisecond, Logger: cfg.Logger})
 	if err != nil {
 		return rep, err
 	}

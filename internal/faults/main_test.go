@@ -236,7 +236,7 @@ func relayConfig(log *slog.Logger) relay.Config {
 // effectHandler writes the task's effect in the worker's transaction: a row
 // with the Redis-clock due and claim times and the worker's local time. Tasks
 // with the failing payload fail instead.
-func effectHandler(name string) delayq.TxHandler {
+func effectHandler(name string) func(context.Context, pgx.Tx, *delayq.Task) error {
 	return func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		local := time.Now()
 		if string(t.Payload) == payloadFail {
@@ -283,7 +283,7 @@ func (s *system) runRelay(name string) { s.runRelayConfig(name, relayConfig(s.lo
 func (s *system) runRelayConfig(name string, cfg relay.Config) {
 	t := s.t
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", "4"))
-	r, err := relay.New(pool, s.delayqClient(t, s.redisURL), cfg)
+	r, err := relay.New(pool, s.delayqClient(t, s.redisURL).AsRedis(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -165,7 +165,7 @@ func payloadInc(p []byte) int {
 var errPlanned = errors.New("model: planned failure")
 
 // modelHandler runs the planned outcome; db records the run outside tx.
-func modelHandler(name string, seed uint64, db *pgxpool.Pool) delayq.TxHandler {
+func modelHandler(name string, seed uint64, db *pgxpool.Pool) func(context.Context, pgx.Tx, *delayq.Task) error {
 	return func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		inc := payloadInc(t.Payload)
 		o, d := plan(seed, t.Queue, t.ID, inc, t.Version, t.Attempt)
@@ -309,7 +309,7 @@ func modelRelayProcess(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, dq, modelRelayConfig(log))
+	r, err := relay.New(pool, dq.AsRedis(), modelRelayConfig(log))
 	if err != nil {
 		return err
 	}

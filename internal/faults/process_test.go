@@ -160,7 +160,7 @@ func relayProcess(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	r, err := relay.New(pool, dq, relayConfig(log))
+	r, err := relay.New(pool, dq.AsRedis(), relayConfig(log))
 	if err != nil {
 		return err
 	}

@@ -77,7 +77,7 @@ func TestRedisLossRelayDownSharded(t *testing.T) {
 func (s *system) startRelay(name string) (stop func()) {
 	t := s.t
 	pool := testenv.Pool(t, withParam(t, s.pgURL, "pool_max_conns", "4"))
-	r, err := relay.New(pool, s.delayqClient(t, s.redisURL), relayConfig(s.logger(name)))
+	r, err := relay.New(pool, s.delayqClient(t, s.redisURL).AsRedis(), relayConfig(s.logger(name)))
 	if err != nil {
 		t.Fatal(err)
 	}

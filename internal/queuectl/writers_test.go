@@ -68,7 +68,7 @@ func TestOneWriterOfRedisControls(t *testing.T) {
 				if id, ok := n.Fun.(*ast.Ident); ok && id.Name == "adminScript" && dir == "internal/dispatch" && len(n.Args) == 1 &&
 					!strings.HasSuffix(rel, "_test.go") {
 					if lit, ok := n.Args[0].(*ast.BasicLit); ok && lit.Value == `"ctl"` && filepath.Base(rel) != "control.go" {
-						t.Errorf("%s: the ctl script run outside delayq/control.go", fset.Position(n.Pos()))
+						t.Errorf("%s: the ctl script run outside internal/dispatch/control.go", fset.Position(n.Pos()))
 					}
 				}
 			}

@@ -155,7 +155,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	}
 
 	// The relay, as user delayq-relay.
-	rl, err := relay.New(testenv.Pool(t, pgURL), relayDQ, relay.Config{
+	rl, err := relay.New(testenv.Pool(t, pgURL), relayDQ.AsRedis(), relay.Config{
 		PollInterval: 100 * time.Millisecond, ReapInterval: 100 * time.Millisecond,
 		Retention: -1, StatsInterval: -1, Logger: discard()})
 	if err != nil {

@@ -76,7 +76,7 @@ func TestLeastPrivilegeACLOnCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rl, err := relay.New(testenv.Pool(t, pgURL), relayDQ, relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
+	rl, err := relay.New(testenv.Pool(t, pgURL), relayDQ.AsRedis(), relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func FuzzConfigs(f *testing.F) {
 			StatsInterval: c, QueueRefresh: b, RoundTimeout: a, RetentionInterval: b, Queues: []string{s2},
 			FollowUp: a, FollowUpFor: c}
 		verr := rc.Validate()
-		rl, nerr := relay.New(pool, dq, rc)
+		rl, nerr := relay.New(pool, dq.AsRedis(), rc)
 		if (verr == nil) != (nerr == nil) {
 			t.Fatalf("relay: Validate %v, New %v", verr, nerr)
 		}

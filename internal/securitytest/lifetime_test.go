@@ -100,7 +100,7 @@ func TestPayloadLifetime(t *testing.T) {
 		return state, payload
 	}
 
-	rl, err := relay.New(pool, dq, relay.Config{PollInterval: 100 * time.Millisecond, Retention: -1, Logger: discard()})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{PollInterval: 100 * time.Millisecond, Retention: -1, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestPayloadLifetime(t *testing.T) {
 	}
 
 	// Retention, as the same role: done and cancelled rows go, the dead one stays.
-	rl2, err := relay.New(pool, dq, relay.Config{Retention: time.Millisecond, RetentionInterval: 50 * time.Millisecond,
+	rl2, err := relay.New(pool, dq.AsRedis(), relay.Config{Retention: time.Millisecond, RetentionInterval: 50 * time.Millisecond,
 		PollInterval: time.Second, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func TestPayloadLimitsOnEveryPath(t *testing.T) {
 
 	// The relay: "big" (outbox without a limit of its own) is over the Redis
 	// client's limit, and is moved all the same, with the rows around it.
-	rl, err := relay.New(pool, dq, relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -250,7 +250,7 @@ func TestLibraryOverTLSWithACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relay.New(e.pool(t), relayDQ, relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
+	rl, err := relay.New(e.pool(t), relayDQ.AsRedis(), relay.Config{PollInterval: 100 * time.Millisecond, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

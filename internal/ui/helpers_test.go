@@ -177,7 +177,7 @@ func (c *client) act(action string, form url.Values) string {
 // the rest of the test.
 func (e *env) runSystem(t *testing.T, queue string) {
 	t.Helper()
-	rl, err := relay.New(e.pool, e.dq, relay.Config{PollInterval: 50 * time.Millisecond, ReapInterval: 100 * time.Millisecond})
+	rl, err := relay.New(e.pool, e.dq.AsRedis(), relay.Config{PollInterval: 50 * time.Millisecond, ReapInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package validate
 
-import "github.com/delayq/delayq/delayqtype"
+import (
+	"time"
+
+	"github.com/delayq/delayq/delayqtype"
+)
 
 // The rate limit is a public type (delayqtype); these names keep the limits'
 // home in one package for the module's own code.
@@ -8,9 +12,11 @@ type RateLimit = delayqtype.RateLimit
 
 var ErrInvalidRateLimit = delayqtype.ErrInvalidRateLimit
 
+// The bounds of a rate limit, delayqtype.RateLimit.Validate's (unexported
+// there; TestRateBoundsAgree checks these against it) and the ctl script's.
 const (
-	MaxRateLimit       = delayqtype.MaxRateLimit
-	MaxRateBurst       = delayqtype.MaxRateBurst
-	MaxRatePeriod      = delayqtype.MaxRatePeriod
-	DefaultBurstWindow = delayqtype.DefaultBurstWindow
+	MaxRateLimit       = 1_000_000_000
+	MaxRateBurst       = 1_000_000_000
+	MaxRatePeriod      = (1 << 40) * time.Millisecond
+	DefaultBurstWindow = 100 * time.Millisecond
 )

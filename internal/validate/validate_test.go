@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestQueue(t *testing.T) {
@@ -87,5 +88,25 @@ func BenchmarkTaskID(b *testing.B) {
 		if err := TaskID("payment:order-1001"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestRateBoundsAgree: the bounds here are delayqtype.RateLimit.Validate's.
+func TestRateBoundsAgree(t *testing.T) {
+	ok := []RateLimit{{Limit: MaxRateLimit, Period: time.Second, Burst: MaxRateBurst}, {Limit: 1, Period: MaxRatePeriod, Burst: 1}}
+	bad := []RateLimit{{Limit: MaxRateLimit + 1, Period: time.Second, Burst: 1}, {Limit: 1, Period: time.Second, Burst: MaxRateBurst + 1},
+		{Limit: 1, Period: MaxRatePeriod + time.Millisecond, Burst: 1}}
+	for _, r := range ok {
+		if err := r.Validate(); err != nil {
+			t.Errorf("%+v: %v", r, err)
+		}
+	}
+	for _, r := range bad {
+		if err := r.Validate(); err == nil {
+			t.Errorf("%+v accepted", r)
+		}
+	}
+	if got := (RateLimit{Limit: 1000, Period: time.Second}).WithDefaults().Burst; got != int(1000*DefaultBurstWindow/time.Second) {
+		t.Errorf("default burst %d, want DefaultBurstWindow's worth", got)
 	}
 }

@@ -53,7 +53,7 @@ func TestOneTrace(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effects (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	rl, err := relay.New(pool, dq, relay.Config{Observer: delayqotel.NewRelayObserver(opts)})
+	rl, err := relay.New(pool, dq.AsRedis(), relay.Config{Observer: delayqotel.NewRelayObserver(opts)})
 	if err != nil {
 		t.Fatal(err)
 	}

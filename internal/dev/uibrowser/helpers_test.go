@@ -149,7 +149,7 @@ type system struct {
 func (e *env) runSystem(t *testing.T, queue string) *system {
 	t.Helper()
 	s := &system{}
-	rl, err := relay.New(e.pool, e.dq, relay.Config{PollInterval: 50 * time.Millisecond, ReapInterval: 100 * time.Millisecond})
+	rl, err := relay.New(e.pool, e.dq.AsRedis(), relay.Config{PollInterval: 50 * time.Millisecond, ReapInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
