@@ -163,3 +163,32 @@ func ExampleGroupCommit() {
 	fmt.Println(cfg.Validate())
 	// Output: <nil>
 }
+
+// New checks the configuration and connects to nothing, so a bad one is
+// refused at once, and a good one shows its defaults. The schema, the key
+// prefix and the channel are named once: a nested configuration that names
+// others is refused.
+func ExampleNew() {
+	pool, err := pgxpool.New(context.Background(), "postgres://localhost/app") // connects at first use
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"}) // connects at first use
+	defer rdb.Close()
+
+	_, err = delayq.New(pool, rdb, delayq.Config{Schema: "Not-A-Schema"})
+	fmt.Println(errors.Is(err, delayq.ErrInvalidConfig))
+	_, err = delayq.New(pool, rdb, delayq.Config{Schema: "shop", Relay: &relay.Config{Schema: "other"}})
+	fmt.Println(errors.Is(err, delayq.ErrInvalidConfig))
+	client, err := delayq.New(pool, rdb, delayq.Config{Schema: "shop"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := client.Config()
+	fmt.Println(cfg.Schema, cfg.Prefix, cfg.NotifyChannel, cfg.Worker.Lease)
+	// Output:
+	// true
+	// true
+	// shop dq delayq_outbox 5s
+}
