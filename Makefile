@@ -75,7 +75,7 @@ SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/doc
 TESTFLAGS := -race -count=1 -p 4 -parallel 8
 
 .PHONY: test-short
-test-short: servers ## The quick loop (2.2–2.8 min warm on a loaded 2-core machine: CONTRIBUTING): -short -race, without the fault, cluster, security and bench suites.
+test-short: servers ## The quick loop (83–92 s on a quiet 2-core machine, build cache warm: CONTRIBUTING): -short -race, without the fault, cluster, security and bench suites.
 	GORACE="atexit_sleep_ms=0 $${GORACE:-}" $(WITHSERVERS) test -- $(GO) test -short $(TESTFLAGS) -timeout 5m $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
 
 .PHONY: bench
