@@ -65,7 +65,7 @@ func New(client *delayq.Client, cfg Config) (http.Handler, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: a nil client", ErrInvalidConfig)
 	}
-	dq, err := dispatchOf(client)
+	dq, err := dispatch.On(client.Redis(), dispatch.Config{Prefix: client.Config().Prefix})
 	if err != nil {
 		return nil, err
 	}
@@ -76,13 +76,4 @@ func New(client *delayq.Client, cfg Config) (http.Handler, error) {
 		PayloadCap: cfg.PayloadCap, PageSize: cfg.PageSize, Refresh: cfg.Refresh,
 		BasePath: cfg.BasePath, Logger: cfg.Logger,
 	})
-}
-
-// dispatchOf returns the Redis side of client: the module's own tools' dispatch
-// client, or one on client's Redis with its key prefix.
-func dispatchOf(client *delayq.Client) (*dispatch.Client, error) {
-	if b, ok := client.Redis().(dispatch.Bound); ok {
-		return b.Client, nil
-	}
-	return dispatch.New(client.Redis(), dispatch.Config{Prefix: client.Config().Prefix})
 }

@@ -91,11 +91,8 @@ func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Client, error)
 		return nil, err
 	}
 	c := &Client{pool: pool, rdb: rdb, cfg: cfg}
-	if b, ok := rdb.(dispatch.Bound); ok { // the module's own tools: their dispatch client
-		if c.dq = b.Client; c.dq.Config().Prefix != cfg.Prefix {
-			return nil, fmt.Errorf("%w: Prefix %q, the dispatch client's %q", ErrInvalidConfig, cfg.Prefix, c.dq.Config().Prefix)
-		}
-	} else if c.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
+	// The module's own tools hand a Redis client bound to their dispatch client.
+	if c.dq, err = dispatch.On(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if c.ob, err = outbox.New(cfg.Outbox); err != nil {

@@ -67,9 +67,9 @@ func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Relay, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	dq, err := dispatchOn(rdb, cfg)
+	dq, err := dispatch.On(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	store := taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel})
 	r := &Relay{
@@ -481,21 +481,4 @@ func (r *Relay) queuedQueues(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
-}
-
-// dispatchOn returns the Redis side on rdb: the dispatch client rdb is bound to
-// (the delayq client's, or the module's own tools'), whose prefix must be
-// cfg.Prefix when that is set, or one with cfg.Prefix.
-func dispatchOn(rdb redis.UniversalClient, cfg Config) (*dispatch.Client, error) {
-	if b, ok := rdb.(dispatch.Bound); ok {
-		if p := b.Client.Config().Prefix; cfg.Prefix != "" && cfg.Prefix != p {
-			return nil, fmt.Errorf("%w: Prefix %q, the Redis client's %q", ErrInvalidConfig, cfg.Prefix, p)
-		}
-		return b.Client, nil
-	}
-	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	return dq, nil
 }
