@@ -265,6 +265,14 @@ func TestOnDead(t *testing.T) {
 	if r := b.row(t, "pay", "flaky"); r.attempt != 1 || r.lastError != "card declined" {
 		t.Errorf("flaky row %+v", r)
 	}
+	// A run's counters follow its commit, which the count above may see first
+	// (a CI run saw InFlight 2 with Dead 2).
+	for s := h.w.Stats(); s.InFlight > 0; s = h.w.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("runs still in flight after every task died: stats %+v", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if s := h.w.Stats(); s.Dead != 4 || s.DeadHookFailed != 2 {
 		t.Errorf("stats %+v", s)
 	}
