@@ -51,20 +51,25 @@ build: ## Build bin/delayq: the static relay/CLI binary, as the Dockerfile build
 browser: ## Make sure a headless Chromium is there for the dashboard's browser tests (installs it on Debian/Ubuntu).
 	@bash .ci/browser
 
+.PHONY: examples-deps
+examples-deps: ## Make sure the Python and Node examples run: python3-psycopg, nodejs, npm (Debian/Ubuntu), npm ci in examples/node.
+	@bash .ci/examples
+
 # The slow suites run after the others, at go test's own parallelism: several
 # fault scenarios at once exhaust their server's connections, and the rate-limit
 # scenario needs a machine faster than its limit.
 .PHONY: test
-test: servers browser ## Run every test of every module against real servers, with the race detector.
+test: servers browser examples-deps ## Run every test of every module against real servers, with the race detector.
 	$(WITHSERVERS) test -- $(GO) test $(TESTFLAGS) -timeout 20m -bench . -benchtime 1x $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
 	$(WITHSERVERS) test -- $(GO) test -race -count=1 -timeout 20m -bench . -benchtime 1x $$($(GO) list $(PKGS) | grep -E '$(SLOW_PKGS)')
 
 # The quick loop leaves out the suites that take minutes whatever -short says:
 # faults (processes killed, servers restarted), clustertest (Redis Clusters),
-# securitytest (TLS servers, the built binary), bench (the workloads) and
-# tempserver and dev/dockerserver (start and kill servers). The others skip their
-# big cases under -short (testing.Short).
-SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/dockerserver)$$
+# securitytest (TLS servers, the built binary), bench (the workloads),
+# tempserver and dev/dockerserver (start and kill servers) and dev/uibrowser (a
+# headless Chromium per test, which make browser installs for make test). The
+# others skip their big cases under -short (testing.Short).
+SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/dockerserver|dev/uibrowser)$$
 
 # Most of a test's time is waiting (on a lease, a relay round, a server), not
 # CPU: -parallel 8 lets a package's t.Parallel tests wait together (the default
@@ -75,7 +80,7 @@ SLOW_PKGS := /internal/(faults|clustertest|securitytest|bench|tempserver|dev/doc
 TESTFLAGS := -race -count=1 -p 4 -parallel 8
 
 .PHONY: test-short
-test-short: servers ## The quick loop (83–92 s on a quiet 2-core machine, build cache warm: CONTRIBUTING): -short -race, without the fault, cluster, security and bench suites.
+test-short: servers ## The quick loop (75–80 s on a 2-core machine, build cache warm: CONTRIBUTING): -short -race, without the fault, cluster, security, bench and browser suites.
 	GORACE="atexit_sleep_ms=0 $${GORACE:-}" $(WITHSERVERS) test -- $(GO) test -short $(TESTFLAGS) -timeout 5m $$($(GO) list $(PKGS) | grep -vE '$(SLOW_PKGS)')
 
 .PHONY: bench

@@ -74,6 +74,6 @@ func New(client *delayq.Client, cfg Config) (http.Handler, error) {
 		Token: cfg.Token, BasicUser: cfg.BasicUser, BasicPassword: cfg.BasicPassword,
 		ReadOnly: cfg.ReadOnly, HidePayloads: cfg.HidePayloads, AuthReads: cfg.AuthReads,
 		PayloadCap: cfg.PayloadCap, PageSize: cfg.PageSize, Refresh: cfg.Refresh,
-		BasePath: cfg.BasePath, Logger: cfg.Logger,
+		BasePath: cfg.BasePath, Logger: cfg.Logger, Schedules: client.Schedules,
 	})
 }

@@ -14,12 +14,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
+	"github.com/delayq/delayq/schedule"
 )
 
 // Config configures a Client. The zero value means every default. The schema,
@@ -36,6 +39,16 @@ type Config struct {
 	// NotifyChannel is the Postgres channel an enqueue wakes the relay on.
 	// Default "delayq_outbox"; 1..63 bytes of [a-z0-9_].
 	NotifyChannel string
+	// Database names this client's outbox database when several databases feed
+	// one Redis (docs/DESIGN.md, "Several databases"): a stable key, not a URL.
+	// Its tasks live in Redis under Prefix + ":" + Database, so a task id is
+	// unique per (database, queue, id); its handlers' guards and transactions run
+	// on this client's pool; its metrics carry the label database=<key> and its
+	// log lines the attribute database. A service on several databases makes a
+	// Client for each, with the same handlers; each database has its relay.
+	// Default "": one database, keys under Prefix. 1..32 bytes of [a-z0-9_-],
+	// starting with a letter or a digit.
+	Database string
 
 	// Logger receives the worker's and the relay's state changes and errors,
 	// unless Worker.Logger or Relay.Logger is set. Default: discard.
@@ -53,8 +66,9 @@ type Config struct {
 	// registered on this client (see WorkerConfig).
 	Worker WorkerConfig
 	// Relay, when set, makes Run run the relay in this process beside the
-	// workers, with its periodic schedules (Relay.Schedules): one process for a
-	// small deployment. Leave its Schema and NotifyChannel empty. To scale, run
+	// workers, with its periodic schedules (Relay.Schedules; schedules declared
+	// on the client run whether it is set or not, see Client.Schedule): one
+	// process for a small deployment. Leave its Schema and NotifyChannel empty. To scale, run
 	// the relay as its own process (the `delayq relay` command) and leave this
 	// nil. Default nil: no relay here.
 	Relay *relay.Config
@@ -74,8 +88,9 @@ type Client struct {
 	rl   *relay.Relay // nil without Config.Relay
 	ctl  *queuectl.Controller
 
-	mu      sync.Mutex
-	running bool
+	mu        sync.Mutex
+	running   bool
+	schedules []schedule.Schedule // declared by Schedule, for Run
 }
 
 // New returns a Client on pool (the outbox's database: a *pgxpool.Pool, or a
@@ -92,7 +107,7 @@ func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Client, error)
 	}
 	c := &Client{pool: pool, rdb: rdb, cfg: cfg}
 	// The module's own tools hand a Redis client bound to their dispatch client.
-	if c.dq, err = dispatch.On(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger}); err != nil {
+	if c.dq, err = dispatch.On(rdb, dispatch.Config{Prefix: dispatch.Namespace(cfg.Prefix, cfg.Database), Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if c.ob, err = outbox.New(cfg.Outbox); err != nil {
@@ -117,7 +132,7 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	if c.Schema == "" {
 		c.Schema = taskstate.DefaultSchema
 	}
-	if b, ok := rdb.(dispatch.Bound); ok && c.Prefix == "" {
+	if b, ok := rdb.(dispatch.Bound); ok && c.Prefix == "" && c.Database == "" {
 		c.Prefix = b.Client.Config().Prefix
 	}
 	if c.Prefix == "" {
@@ -132,19 +147,26 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	if err := (migrations.Config{Schema: c.Schema}).Validate(); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	// The relay adds the database to its own logger and metrics.
+	relayLogger, relayRegisterer := c.Logger, c.Registerer
+	if c.Database != "" {
+		if err := validate.Database(c.Database); err != nil {
+			return c, fmt.Errorf("%w: Database: %w", ErrInvalidConfig, err)
+		}
+	}
 	var relayNames relay.Config
 	if c.Relay != nil {
 		relayNames = *c.Relay
 	}
 	for _, part := range []struct {
-		name, schema, channel, prefix string
+		name, schema, channel, prefix, database string
 	}{
-		{"Outbox", c.Outbox.Schema, c.Outbox.NotifyChannel, ""},
-		{"Relay", relayNames.Schema, relayNames.NotifyChannel, relayNames.Prefix},
+		{"Outbox", c.Outbox.Schema, c.Outbox.NotifyChannel, "", ""},
+		{"Relay", relayNames.Schema, relayNames.NotifyChannel, relayNames.Prefix, relayNames.Database},
 	} {
 		if part.schema != "" && part.schema != c.Schema || part.channel != "" && part.channel != c.NotifyChannel ||
-			part.prefix != "" && part.prefix != c.Prefix {
-			return c, fmt.Errorf("%w: %s names a schema, a notification channel or a key prefix of its own: set Config.Schema, NotifyChannel and Prefix alone",
+			part.prefix != "" && part.prefix != c.Prefix || part.database != "" && part.database != c.Database {
+			return c, fmt.Errorf("%w: %s names a schema, a notification channel, a key prefix or a database of its own: set Config.Schema, NotifyChannel, Prefix and Database alone",
 				ErrInvalidConfig, part.name)
 		}
 	}
@@ -155,14 +177,21 @@ func (c Config) resolve(rdb redis.UniversalClient) (Config, error) {
 	if c.Worker.Registerer == nil {
 		c.Worker.Registerer = c.Registerer
 	}
+	if c.Database != "" {
+		c.Logger = c.Logger.With("database", c.Database)
+		c.Worker.Logger = c.Worker.Logger.With("database", c.Database)
+		if c.Worker.Registerer != nil {
+			c.Worker.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"database": c.Database}, c.Worker.Registerer)
+		}
+	}
 	if c.Relay != nil {
 		r := *c.Relay
-		r.Schema, r.NotifyChannel, r.Prefix = c.Schema, c.NotifyChannel, c.Prefix
+		r.Schema, r.NotifyChannel, r.Prefix, r.Database = c.Schema, c.NotifyChannel, c.Prefix, c.Database
 		if r.Logger == nil {
-			r.Logger = c.Logger
+			r.Logger = relayLogger
 		}
 		if r.Registerer == nil {
-			r.Registerer = c.Registerer
+			r.Registerer = relayRegisterer
 		}
 		c.Relay = &r
 	}
@@ -196,12 +225,12 @@ func (c *Client) Migrate(ctx context.Context) error {
 // outbox.Producer, so a typed queue enqueues through c directly.
 func (c *Client) Outbox() *outbox.Client { return c.ob }
 
-// Run runs the handlers registered on c and, with Config.Relay, the relay,
-// until ctx ends; then it shuts down gracefully (in-flight handlers finish
+// Run runs the handlers registered on c, the schedules declared on it (see
+// Schedule) and, with Config.Relay, the relay, until ctx ends; then it shuts down gracefully (in-flight handlers finish
 // within WorkerConfig.ShutdownTimeout, the others are handed back) and returns
 // nil. If one part stops with an error, Run stops the other and returns it. A
 // schema that was not migrated stops Run at once with outbox.ErrNotMigrated;
-// a client with no handler and no relay returns ErrNoHandlers.
+// a client with no handler, no schedule and no relay returns ErrNoHandlers.
 func (c *Client) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
@@ -209,6 +238,7 @@ func (c *Client) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 	c.running = true
+	own := c.ownSchedules()
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -223,8 +253,20 @@ func (c *Client) Run(ctx context.Context) error {
 	if c.rl != nil {
 		parts = append(parts, c.rl.Run)
 	}
+	if len(own.Schedules) > 0 {
+		run, err := c.runSchedules(own)
+		if err != nil { // checked by Schedule: not reached
+			return err
+		}
+		parts = append(parts, run)
+	}
 	if len(parts) == 0 {
-		return fmt.Errorf("%w: register a handler, or set Config.Relay", ErrNoHandlers)
+		return fmt.Errorf("%w: register a handler, declare a schedule, or set Config.Relay", ErrNoHandlers)
+	}
+	// Checked once here, so that a schema never migrated is one error, not
+	// the worker's and the relay's each.
+	if err := c.ob.CheckMigrated(ctx, c.pool); errors.Is(err, outbox.ErrNotMigrated) {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -274,6 +316,15 @@ func (c *Client) HandleTx(queue string, h func(ctx context.Context, tx pgx.Tx, t
 func (c *Client) HandleSQLTx(queue string, db *sql.DB, h func(ctx context.Context, tx *sql.Tx, t *Task) error, cfg QueueConfig) error {
 	return c.w.HandleSQLTx(queue, db, h, cfg)
 }
+
+// Workers lists the worker processes of this deployment (its key prefix) from
+// their heartbeats in Redis: each process running handlers (Run) registers
+// itself with its host, pid, delayq version, queues and their concurrency, and
+// the runs it has in flight, beats every Lease/3, and leaves when Run returns. A
+// process gone without leaving is listed Lost a lease after its last beat, for
+// ten minutes. See delayqtype.Worker; `delayq workers` and the dashboard show the
+// same list.
+func (c *Client) Workers(ctx context.Context) ([]delayqtype.Worker, error) { return c.dq.Workers(ctx) }
 
 // RunStats counts the runs of this client's handlers since it was created.
 func (c *Client) RunStats() RunStats { return c.w.Stats() }

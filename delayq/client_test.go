@@ -3,6 +3,7 @@ package delayq_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,16 @@ func TestClientAdmin(t *testing.T) {
 	if err := client.Cancel(ctx, payments.Name, "o-2"); err != nil {
 		t.Fatalf("Cancel: %v", err)
 	}
+	// A task that never ran has no attempt; an unknown one is ErrNotFound.
+	if a, err := client.Attempts(ctx, payments.Name, "o-2"); err != nil || len(a) != 0 {
+		t.Fatalf("Attempts of a cancelled task: %+v, %v", a, err)
+	}
+	if _, err := client.Attempts(ctx, payments.Name, "nope"); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("Attempts of an unknown task: %v, want outbox.ErrNotFound", err)
+	}
+	if _, err := client.Attempts(ctx, "", "x"); err == nil {
+		t.Fatal("Attempts of an empty queue name succeeded")
+	}
 	if err := client.Cancel(ctx, payments.Name, "nope"); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("Cancel of an unknown task: %v, want outbox.ErrNotFound", err)
 	}
@@ -160,6 +171,11 @@ func TestClientConfig(t *testing.T) {
 		"prefix":           {delayq.Config{Prefix: "bad prefix"}, delayq.ErrInvalidConfig},
 		"lease":            {delayq.Config{Worker: delayq.WorkerConfig{Lease: time.Microsecond}}, delayq.ErrInvalidConfig},
 		"same names, once": {delayq.Config{Schema: "public", Outbox: outbox.Config{Schema: "public"}}, nil},
+		"database":         {delayq.Config{Database: "EU:1"}, delayq.ErrInvalidConfig},
+		"database, long":   {delayq.Config{Database: strings.Repeat("d", 33)}, delayq.ErrInvalidConfig},
+		"database prefix":  {delayq.Config{Prefix: strings.Repeat("p", 62), Database: "eu1"}, delayq.ErrInvalidConfig},
+		"relay database":   {delayq.Config{Database: "eu1", Relay: &relay.Config{Database: "us1"}}, delayq.ErrInvalidConfig},
+		"a database":       {delayq.Config{Database: "eu1", Relay: &relay.Config{}}, nil},
 	} {
 		if _, err := delayq.New(pool, rdb, tc.cfg); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", name, err, tc.want)

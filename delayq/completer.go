@@ -59,6 +59,11 @@ func (w *worker) recordBatch(batch []*run) {
 	}
 	// One statement is its own transaction: one round trip.
 	done, err := w.ops.MarkDoneMany(ctx, w.pool, cs)
+	if err == nil {
+		w.pg.OK()
+	} else {
+		w.pg.Report("record completions", err) // the runs fail and say why
+	}
 	acks := make([]ackItem, 0, len(batch))
 	for i, r := range batch {
 		switch {
@@ -144,6 +149,9 @@ func (w *worker) ackBatch(batches [][]ackItem) {
 			ds = append(ds, a.d)
 		}
 		done, err := w.ops.AckDone(ctx, ds)
+		if err == nil {
+			w.rd.OK()
+		}
 		for i, a := range items {
 			switch {
 			case err != nil:

@@ -16,7 +16,9 @@ import (
 type WorkerConfig struct {
 	// Lease is how long a claim holds a task: while it runs, no other worker gets
 	// it. Heartbeats renew it; a worker that dies loses its tasks after the lease
-	// plus one reap interval. Default 5s; at least 1ms.
+	// plus one reap interval. The process's entry in the worker registry
+	// (Client.Workers) is beaten every Lease/3 and shows the process lost a
+	// Lease after its last beat. Default 5s; at least 1ms.
 	Lease time.Duration
 
 	// HeartbeatInterval is how often a running task's lease is renewed (to Lease
@@ -189,12 +191,12 @@ type QueueConfig struct {
 	GroupCommit GroupCommit
 }
 
-// MaxGroupTasks is the most runs one group transaction holds: each run that
+// maxGroupTasks (GroupCommit.MaxTasks' bound) is the most runs one group transaction holds: each run that
 // writes is a subtransaction, and Postgres keeps the ids of 64 such
 // subtransactions per transaction in shared memory; past them every snapshot
 // taken anywhere in the database gets slower until the transaction ends
 // (subtransaction overflow).
-const MaxGroupTasks = 64
+const maxGroupTasks = 64
 
 // GroupCommit runs the handlers of several due tasks of a transactional queue in
 // one Postgres transaction, one after another on one connection, each handler's
@@ -217,7 +219,8 @@ const MaxGroupTasks = 64
 type GroupCommit struct {
 	// MaxTasks is the most runs of one transaction; 0 turns group commit off.
 	// Concurrency/MaxTasks groups (rounded up) run at once, each on a connection
-	// of its own. 0..MaxGroupTasks.
+	// of its own. 0..64: each run that writes is a subtransaction, and Postgres
+	// keeps the ids of 64 per transaction in shared memory.
 	MaxTasks int
 	// MaxWait is how long a group takes more tasks after its first began; then
 	// it commits. A group also commits at once when no other task can join it
@@ -249,8 +252,8 @@ func (c QueueConfig) validate() error {
 		return fmt.Errorf("%w: Concurrency %d: 1..%d", ErrInvalidConfig, c.Concurrency, maxConcurrency)
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("%w: MaxAttempts %d: 0 (the task's own) or more", ErrInvalidConfig, c.MaxAttempts)
-	case c.GroupCommit.MaxTasks < 0 || c.GroupCommit.MaxTasks > MaxGroupTasks:
-		return fmt.Errorf("%w: GroupCommit.MaxTasks %d: 0 (off) to %d", ErrInvalidConfig, c.GroupCommit.MaxTasks, MaxGroupTasks)
+	case c.GroupCommit.MaxTasks < 0 || c.GroupCommit.MaxTasks > maxGroupTasks:
+		return fmt.Errorf("%w: GroupCommit.MaxTasks %d: 0 (off) to %d", ErrInvalidConfig, c.GroupCommit.MaxTasks, maxGroupTasks)
 	case c.GroupCommit.MaxWait < 0:
 		return fmt.Errorf("%w: GroupCommit.MaxWait %v: not negative", ErrInvalidConfig, c.GroupCommit.MaxWait)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/delayq/delayq/internal/downlog"
 )
 
 func TestConfigDefaultsAndValidation(t *testing.T) {
@@ -45,7 +47,7 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 	}
 	for _, bad := range []QueueConfig{
 		{Concurrency: -1}, {Concurrency: 1001}, {MaxAttempts: -1},
-		{GroupCommit: GroupCommit{MaxTasks: -1}}, {GroupCommit: GroupCommit{MaxTasks: MaxGroupTasks + 1}},
+		{GroupCommit: GroupCommit{MaxTasks: -1}}, {GroupCommit: GroupCommit{MaxTasks: maxGroupTasks + 1}},
 		{GroupCommit: GroupCommit{MaxTasks: 8, MaxWait: -time.Millisecond}},
 		{Backoff: Backoff{Base: time.Microsecond}}, {Backoff: Backoff{Base: time.Minute, Max: time.Second}},
 	} {
@@ -73,7 +75,7 @@ func TestSweepPauses(t *testing.T) {
 		}
 	}
 	cfg := WorkerConfig{ErrorPause: time.Second}.WithDefaults()
-	s := &sweeper{w: &worker{cfg: cfg, log: cfg.Logger}}
+	s := &sweeper{w: &worker{cfg: cfg, log: cfg.Logger, pg: downlog.New(cfg.Logger, "worker", "PostgreSQL")}}
 	for i, hi := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
 		if d := s.failed(errors.New("down")); d < hi/2 || d > hi {
 			t.Errorf("pause %d: %v, want %v..%v", i, d, hi/2, hi)

@@ -84,7 +84,8 @@ func TestHelperProcess(t *testing.T) {
 
 // A worker process killed with SIGKILL in the middle of a handler: its
 // transaction dies with it; the task runs again after the lease plus one reap
-// interval and its effect appears once.
+// interval and its effect appears once. The worker registry shows the process
+// lost, with the run it had.
 func TestWorkerProcessKilledMidHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -111,10 +112,24 @@ func TestWorkerProcessKilledMidHandler(t *testing.T) {
 	if strings.TrimSpace(line) != "RUNNING x 1" {
 		t.Fatalf("helper process said %q", line)
 	}
+	// The worker registry lists the process running x (from its next beat),
+	// then, killed without a goodbye, as lost a lease after its last beat.
+	registered := func(lost bool) func() bool {
+		return func() bool {
+			for _, w := range b.workers(t) {
+				if w.PID == cmd.Process.Pid && w.Lost == lost && len(w.Running) == 1 && w.Running[0].ID == "x" && w.Queues["crash"] == 10 {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	waitFor(t, "the helper process listed running x", registered(false))
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
+	waitFor(t, "the killed process listed as lost", registered(true))
 	// The lease the dead process held (renewed by its heartbeats until the kill).
 	leaseUntil := b.info(t, "crash", "x").Score
 	if leaseUntil.IsZero() {

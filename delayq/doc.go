@@ -4,9 +4,10 @@
 // claimed on time by a worker, and its completion is recorded in PostgreSQL in
 // the handler's own transaction, so that its effect happens exactly once.
 //
-// One Client does it all: it migrates, enqueues, runs the handlers (and, as an
-// option, the relay and the periodic schedules in the same process) and
-// carries the operator's calls.
+// One Client does it all: it migrates, enqueues, runs the handlers and the
+// periodic schedules declared beside them (Client.Schedule, schedule.For), and,
+// as an option, the relay in the same process, and carries the operator's
+// calls.
 //
 //	type Charge struct{ Order string; AmountCents int }
 //	var Charges = outbox.Queue[Charge]{Name: "charge"} // producers and workers share it
@@ -129,8 +130,11 @@
 // # Failures, backoff, dead tasks
 //
 // A handler that returns an error or panics (the panic is recovered; its stack is
-// logged, never stored with the task) has failed. The worker records the attempt
-// and a short error summary in the outbox, then gives the task back to Redis to run
+// logged, and kept in the task's attempt history) has failed. The worker records the
+// attempt and a short error summary in the outbox, and appends the run to the task's
+// attempt history (Client.Attempts: the newest 20 runs that did not succeed, with
+// their errors and a panic's stack, kept on the outbox row and deleted with it;
+// a success writes nothing there), then gives the task back to Redis to run
 // again after the queue's Backoff: exponential from Base, capped at Max, with equal
 // jitter. A handler steers this with RetryAfter(d, err) (retry after d) and
 // NoRetry(err) (dead at once). A task that fails its last attempt
@@ -173,6 +177,12 @@
 // due time does not pay for waking an idle machine; no task is ever claimed early.
 //
 // # Observability
+//
+// Each process running handlers registers itself in Redis while Run runs (host,
+// pid, version, queues, the runs in flight; a heartbeat every Lease/3, gone when
+// Run returns, listed as lost a lease after its last beat if it died):
+// Client.Workers lists them, as do the delayq workers command and the dashboard's
+// Workers page.
 //
 // Client.RunStats returns the counts of its handlers. WorkerConfig.Observer
 // receives every claim and every run's start and end (an Observer, in the manner

@@ -300,7 +300,8 @@ func TestShutdownWithHandlersInFlight(t *testing.T) {
 
 // Heartbeats keep a run alive far past its lease while the reaper runs; when the
 // lease is lost anyway (here: its token overwritten, as a takeover would), the next
-// heartbeat cancels the handler with ErrLeaseLost and nothing is recorded.
+// heartbeat cancels the handler with ErrLeaseLost and nothing is recorded but the
+// run in the task's attempt history (lease_lost).
 func TestHeartbeatsKeepLeaseAndLostLeaseCancels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -349,8 +350,12 @@ func TestHeartbeatsKeepLeaseAndLostLeaseCancels(t *testing.T) {
 	if s := h.w.Stats(); s.LeaseLost != 1 || s.Succeeded != 1 {
 		t.Errorf("stats %+v", s)
 	}
-	if r := b.row(t, "hb", "lost"); r.state != "queued" {
-		t.Errorf("outbox state %s after a lost lease, want queued", r.state)
+	if r := b.row(t, "hb", "lost"); r.state != "queued" || r.attempt != 0 {
+		t.Errorf("outbox %+v after a lost lease, want queued, attempt 0", r)
+	}
+	if a := b.attempts(t, "hb", "lost"); len(a) != 1 || a[0].Outcome != "lease_lost" || a[0].Attempt != 1 ||
+		!strings.Contains(a[0].Error, "context canceled") {
+		t.Errorf("history after a lost lease: %+v", a)
 	}
 }
 

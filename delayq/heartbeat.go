@@ -140,8 +140,12 @@ func (h *heartbeats) renew(ctx context.Context, queue string, runs []*run) {
 		lost = append(lost, r)
 	}
 	h.mu.Unlock()
-	if failed > 0 {
-		w.log.Warn("worker: heartbeat failed", "queue", queue, "leases", failed, "err", err)
+	switch {
+	case err == nil:
+		w.rd.OK()
+	case failed > 0:
+		// Tried again at the next tick: an outage is logged once.
+		w.storeFailed(w.rd, "heartbeat", err, "queue", queue, "leases", failed)
 	}
 	if expired > 0 {
 		w.log.Warn("worker: heartbeat failed until the lease ran out", "queue", queue, "leases", expired, "err", err)

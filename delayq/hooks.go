@@ -143,7 +143,7 @@ func (r *run) snooze(ctx context.Context, d time.Duration, why string) outcome {
 func (r *run) cancel(ctx context.Context, reason error) outcome {
 	w, t := r.w, r.t
 	msg := validate.ErrorSummary(reason.Error())
-	res, err := w.ops.CancelRun(ctx, w.pool, r.claim(), t.Attempt, msg)
+	res, err := w.ops.CancelRun(ctx, w.pool, r.claim(), t.Attempt, reason.Error())
 	switch {
 	case err != nil:
 		w.log.Error("worker: recording a cancellation in the outbox failed; the task runs after its lease", "queue", t.Queue, "id", t.ID, "err", err)
@@ -175,9 +175,9 @@ func (r *run) refusedNow(ctx context.Context) outcome {
 // dieWithHook records the task's death and runs the queue's OnDead hook in one
 // transaction. When anything of it fails, the death is not recorded and the run
 // is given back, uncounted, to fail again after the backoff.
-func (r *run) dieWithHook(ctx context.Context, msg string, cause error) outcome {
+func (r *run) dieWithHook(ctx context.Context, cause error) outcome {
 	w, q, t := r.w, r.q, r.t
-	res, err := w.ops.KillTx(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg}, r.hook(q.cfg.OnDead, cause))
+	res, err := w.ops.KillTx(ctx, w.pool, r.claim(), r.failureOf(cause), r.hook(q.cfg.OnDead, cause))
 	switch {
 	case err != nil:
 		w.log.Error("worker: the dead hook failed; the death is rolled back and the task runs again",

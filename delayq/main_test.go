@@ -79,7 +79,7 @@ func (b *bundle) enqueue(t testing.TB, tasks ...outbox.Task) {
 			}
 			byQueue[tk.Queue] = append(byQueue[tk.Queue], dispatch.Task{
 				ID: tk.ID, Payload: tk.Payload, RunAt: res.Results[i].RunAt,
-				MaxAttempts: max(tk.MaxAttempts, 0), Version: 1,
+				MaxAttempts: max(tk.MaxAttempts, 0), Version: 1, Key: tk.ConcurrencyKey,
 			})
 			ids, queues = append(ids, tk.ID), append(queues, tk.Queue)
 		}

@@ -3,6 +3,7 @@ package delayq
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -158,7 +159,7 @@ func (m *promObserver) Claim(context.Context, ClaimEvent) {}
 
 func (m *promObserver) RunStart(ctx context.Context, t *Task) context.Context {
 	m.events.WithLabelValues(t.Queue, evClaimed).Inc()
-	m.lateness.WithLabelValues(t.Queue).Observe(max(t.ClaimedAt.Sub(t.Due), 0).Seconds())
+	m.lateness.WithLabelValues(t.Queue).Observe(max(t.ClaimedAt.Sub(later(t.Due, t.Resumed)), 0).Seconds())
 	m.inFlight.WithLabelValues(t.Queue).Inc()
 	return ctx
 }
@@ -175,4 +176,12 @@ func (m *promObserver) RunEnd(_ context.Context, t *Task, e RunEndEvent) {
 	if label := promOutcome(e.Outcome); label != "" {
 		m.events.WithLabelValues(t.Queue, label).Inc()
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

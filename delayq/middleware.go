@@ -35,8 +35,9 @@ func chain(mws []Middleware, t *Task, h Next) Next {
 }
 
 // PanicError is the error of a run whose handler (or middleware) panicked, as
-// Recover returns it. Its message is the panic value only: the stack goes to the
-// log, never into the task.
+// Recover returns it. Its message is the panic value only (the task's last
+// error); the stack goes to the log and, cut to 8 KiB, into the task's attempt
+// history (Client.Attempts).
 type PanicError struct {
 	Value any
 	Stack []byte

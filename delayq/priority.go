@@ -265,7 +265,7 @@ func (w *worker) groupClaim(ctx, hard context.Context, waiter *dispatch.Waiter, 
 	if err != nil {
 		s.put(m, n)
 		if ctx.Err() == nil {
-			w.log.Warn("worker: subscribe to wake-ups failed", "queue", q.name, "err", err)
+			w.storeFailed(w.rd, "subscribe to wake-ups", err, "queue", q.name)
 			m.sleep(w.cfg.ErrorPause, dispatch.Mark{}, false)
 		}
 		return
@@ -277,10 +277,11 @@ func (w *worker) groupClaim(ctx, hard context.Context, waiter *dispatch.Waiter, 
 	w.obs.Claim(ctx, ClaimEvent{Queue: q.name, Asked: n, Claimed: len(cl.Tasks), Err: err})
 	if err != nil {
 		s.put(m, n)
-		w.log.Warn("worker: claim failed", "queue", q.name, "err", err)
+		w.storeFailed(w.rd, "claim", err, "queue", q.name)
 		m.sleep(w.cfg.ErrorPause, dispatch.Mark{}, false)
 		return
 	}
+	w.rd.OK()
 	s.put(m, n-len(cl.Tasks))
 	for _, ct := range cl.Tasks {
 		slot := sync.OnceFunc(func() { s.put(m, 1) })

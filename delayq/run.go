@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -84,7 +85,7 @@ func (w *worker) startRun(hard context.Context, q *queue, ct dispatch.ClaimedTas
 	}
 	r := &run{slot: slot, w: w, q: q, ct: ct, t: &Task{
 		Queue: ct.Queue, ID: ct.ID, Payload: ct.Payload, Attempt: ct.Attempt,
-		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt,
+		MaxAttempts: maxAttempts, Version: ct.Version, Due: ct.Due, ClaimedAt: claimedAt, Resumed: ct.Resumed,
 		TraceContext: ct.TraceContext, StartBy: ct.StartBy,
 	}}
 	w.stats.claimed.Add(1)
@@ -169,12 +170,16 @@ func (r *run) execute(ctx context.Context) outcome {
 	if sqlTx != nil {
 		_ = sqlTx.Rollback()
 	}
+	if errors.Is(err, transition.ErrCompletedByHandler) {
+		return r.completedByHandler(bctx)
+	}
 	if ctx.Err() != nil { // we cancelled the handler
 		switch cause := context.Cause(ctx); {
 		case errors.Is(cause, ErrShutdown):
 			return r.release(bctx)
 		case errors.Is(cause, ErrLeaseLost):
 			w.log.Warn("worker: handler interrupted, lease lost", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt)
+			r.noteLost(bctx, err)
 			return outLeaseLost
 		}
 	}
@@ -228,6 +233,20 @@ func (r *run) completeAlone(ctx context.Context, conn *pgxpool.Conn) (outcome, e
 	return r.handOff(d), nil
 }
 
+// completedByHandler settles a run whose handler completed the task itself
+// (transition.ErrCompletedByHandler): done at the run's version is this run's
+// success, acknowledged; anything else is settled as a refused completion.
+func (r *run) completedByHandler(ctx context.Context) outcome {
+	st, err := r.w.store.Row(ctx, r.w.pool, r.t.Queue, r.t.ID)
+	if err != nil {
+		return r.fail(ctx, fmt.Errorf("read the completion the handler committed: %w", err))
+	}
+	if d, ok := transition.DoneByHandler(r.lease(), st); ok {
+		return r.succeeded(ctx, d)
+	}
+	return r.refused(ctx, st)
+}
+
 // refusedByState settles a run whose guard matched no row, by the row's state now.
 func (r *run) refusedByState(ctx context.Context) (outcome, error) {
 	st, err := r.w.store.Row(ctx, r.w.pool, r.t.Queue, r.t.ID)
@@ -250,6 +269,9 @@ func (r *run) succeeded(ctx context.Context, d transition.Done) outcome {
 // the guard).
 func (r *run) ackFailed(err error) {
 	if err = r.leaseErr(err); err != nil && !errors.Is(err, dispatch.ErrLeaseLost) {
+		if r.w.rd.Report("ack", err) {
+			return // Redis unreachable: logged once per outage
+		}
 		r.w.log.Warn("worker: ack failed after commit; the task will be suppressed when redelivered",
 			"queue", r.t.Queue, "id", r.t.ID, "err", err)
 	}
@@ -343,6 +365,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 		// Another worker may hold the task now: its run decides.
 		if !steer {
 			r.reportError(ctx, Failure{Err: err, LeaseLost: true})
+			r.noteLost(ctx, err)
 		}
 		w.log.Warn("worker: task failed after its lease was lost", "queue", t.Queue, "id", t.ID, "err", msg)
 		r.hbOff()
@@ -359,11 +382,11 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	w.log.Warn("worker: task failed", "queue", t.Queue, "id", t.ID, "attempt", t.Attempt,
 		"max_attempts", t.MaxAttempts, "dead", dead, "err", msg)
 	if dead && r.q.cfg.OnDead != nil {
-		return r.dieWithHook(ctx, msg, err)
+		return r.dieWithHook(ctx, err)
 	}
 
 	if dead {
-		res, err := w.ops.Kill(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg})
+		res, err := w.ops.Kill(ctx, w.pool, r.claim(), r.failureOf(err))
 		switch {
 		case err != nil:
 			// Dead goes to Postgres first: leave the lease to expire; the reaper
@@ -377,7 +400,7 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 		return r.killed(res.RedisErr)
 	}
 	hook := r.q.cfg.OnDead != nil
-	res, err := w.ops.Retry(ctx, w.pool, r.claim(), transition.Failure{Attempt: t.Attempt, Err: msg}, delay, hook)
+	res, err := w.ops.Retry(ctx, w.pool, r.claim(), r.failureOf(err), delay, hook)
 	if res.PostgresErr != nil {
 		w.log.Error("worker: recording a failure in the outbox failed", "queue", t.Queue, "id", t.ID, "err", res.PostgresErr)
 	}
@@ -404,6 +427,53 @@ func (r *run) fail(ctx context.Context, err error) outcome {
 	}
 	w.stats.retried.Add(1)
 	return outRetried
+}
+
+// noteLost keeps a run that failed after its lease was lost in the task's attempt
+// history, which alone changes: whoever holds the task now decides its state.
+// (Off the hot path: a lost lease is rare, and a run that succeeds writes no
+// history.)
+func (r *run) noteLost(ctx context.Context, err error) {
+	if err := r.w.ops.NoteLost(ctx, r.w.pool, r.claim(), r.failureOf(err)); err != nil {
+		r.w.log.Warn("worker: noting a lost run in the attempt history failed", "queue", r.t.Queue, "id", r.t.ID, "err", err)
+	}
+}
+
+// failureOf is the failed run with err for the outbox: its whole message (cut
+// there) and, for a panic, its stack (the attempt history keeps both).
+func (r *run) failureOf(err error) transition.Failure {
+	f := transition.Failure{Attempt: r.t.Attempt, Err: err.Error()}
+	if p, ok := errors.AsType[*PanicError](err); ok {
+		f.Stack = fromPanic(p.Stack)
+	}
+	return f
+}
+
+// fromPanic is a recovered panic's stack (debug.Stack's) from the panicking
+// frame on: the goroutine's header line, then what follows the runtime's panic
+// frame, so that the history's bound keeps the frames that tell where it
+// happened rather than the recovery's own (debug.Stack, Recover, panic). A stack
+// of another shape is kept whole.
+func fromPanic(stack []byte) string {
+	s := string(stack)
+	header, rest, ok := strings.Cut(s, "\n")
+	if !ok {
+		return s
+	}
+	i := strings.Index("\n"+rest, "\npanic(")
+	if i < 0 {
+		return s
+	}
+	// Skip the panic frame: its function line and its file line.
+	after := rest[i:]
+	for range 2 {
+		_, next, ok := strings.Cut(after, "\n")
+		if !ok {
+			return s
+		}
+		after = next
+	}
+	return header + "\n" + after
 }
 
 // release gives the lease of a run interrupted by shutdown back: the task is due

@@ -82,9 +82,9 @@ func TestStrictPayloads(t *testing.T) {
 		out outcome
 		err string
 	}{
-		"other":      {outDead, `invalid payload: queue charge: decode delayq.strictCharge: json: unknown field "parcel"`},
-		"misspelled": {outDead, `invalid payload: queue charge: decode delayq.strictCharge: json: unknown field "amount"`},
-		"trailing":   {outDead, `invalid payload: queue charge: decode delayq.strictCharge: 1 bytes after the JSON value (at offset 20)`},
+		"other":      {outDead, `invalid payload: queue charge: decode delayq.strictCharge: json: unknown field "parcel" (a field the type lacks; JSONCodec{AllowUnknownFields: true} ignores such fields)`},
+		"misspelled": {outDead, `invalid payload: queue charge: decode delayq.strictCharge: json: unknown field "amount" (a field the type lacks; JSONCodec{AllowUnknownFields: true} ignores such fields)`},
+		"trailing":   {outDead, `invalid payload: queue charge: decode delayq.strictCharge: 1 byte after the JSON value (at offset 20)`},
 		"invalid":    {outDead, `invalid payload: queue valid: delayq.validCharge: amount_cents must be positive`},
 		"ok":         {outSucceeded, ""},
 	}

@@ -122,6 +122,9 @@ func (s *sweeper) sweep(ctx context.Context) time.Duration {
 	qctx, cancel := context.WithTimeout(ctx, w.cfg.OpTimeout)
 	defer cancel()
 	next, ok, err := w.store.NextDeadHook(qctx, w.pool, s.names)
+	if err == nil {
+		w.pg.OK()
+	}
 	switch {
 	case err != nil:
 		return s.failed(err)
@@ -141,7 +144,9 @@ func (s *sweeper) sweep(ctx context.Context) time.Duration {
 // next: ErrorPause, doubled with each failed sweep in a row up to a minute,
 // jittered.
 func (s *sweeper) failed(err error) time.Duration {
-	s.w.log.Warn("worker: sweep of dead hooks failed; trying again later", "err", err)
+	if !s.w.pg.Report("sweep of dead hooks", err) {
+		s.w.log.Warn("worker: sweep of dead hooks failed; trying again later", "err", err)
+	}
 	d := doubled(s.w.cfg.ErrorPause, s.fails)
 	s.fails++
 	return jitter(d)
@@ -253,7 +258,9 @@ func (s *sweeper) listen(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		w.log.Warn("worker: listening for deaths recorded without their hook failed", "err", err)
+		if !w.pg.Report("listen for deaths recorded without their hook", err) {
+			w.log.Warn("worker: listening for deaths recorded without their hook failed", "err", err)
+		}
 		t := time.NewTimer(jitter(doubled(w.cfg.ErrorPause, fails)))
 		fails++
 		select {

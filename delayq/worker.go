@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/downlog"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -36,9 +37,12 @@ type Task struct {
 	// Version is the outbox version of the task (bumped by each reschedule).
 	Version int
 	// Due is when the task was due, ClaimedAt when this run was claimed, both by the
-	// Redis clock; ClaimedAt - Due is the claim lateness.
+	// Redis clock. Resumed is set when the task fell due while its queue was
+	// paused: the queue's resume. The claim lateness is ClaimedAt minus the later
+	// of Due and Resumed: time paused is no worker's lateness.
 	Due       time.Time
 	ClaimedAt time.Time
+	Resumed   time.Time
 	// TraceContext is the trace context stored at enqueue (outbox
 	// Config.TraceContext), opaque to the worker: package delayqotel's observer
 	// continues the trace from it. "" when none was stored.
@@ -74,6 +78,10 @@ type worker struct {
 	ob   *outbox.Client
 	cfg  WorkerConfig
 	log  *slog.Logger
+	// pg and rd log an outage of either store once per change of state, for
+	// every loop of the worker (claims, wake-ups, heartbeats, completions,
+	// the dead-hook sweep): downlog.
+	pg, rd *downlog.Tracker
 
 	store *taskstate.Store // the outbox's statements, for reads and the dead-hook sweep
 	ops   *transition.Ops  // the transitions of a run
@@ -108,6 +116,10 @@ type hooks struct {
 	beforeAck func(t *Task) error
 	// finished runs after each run's bookkeeping, with its outcome.
 	finished func(t *Task, o outcome)
+	// workerKeep, when set, replaces workerKeep (registry.go); noGoodbye leaves
+	// the registry entry behind when Run ends, as a killed process does.
+	workerKeep time.Duration
+	noGoodbye  bool
 }
 
 // outcome is how a run ended.
@@ -174,6 +186,7 @@ func newWorker(pool outbox.DB, dq *dispatch.Client, ob *outbox.Client, cfg Worke
 	})
 	return &worker{
 		pool: pool, dq: dq, ob: ob, cfg: cfg, log: cfg.Logger,
+		pg: downlog.New(cfg.Logger, "worker", "PostgreSQL"), rd: downlog.New(cfg.Logger, "worker", "Redis"),
 		store: store, ops: transition.New(store, dq),
 		obs:    obs,
 		prom:   promO,
@@ -295,8 +308,10 @@ func (w *worker) Run(ctx context.Context) error {
 	hard, hardCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardCancel(nil)
 
-	// Both stages and the heartbeats stop after every run has returned.
+	// Both stages and the heartbeats stop after every run has returned, and the
+	// process leaves the worker registry.
 	defer w.startStages()()
+	defer w.startRegistry(ctx, queues)()
 
 	var loops sync.WaitGroup
 	runs := newRunners(runnerIdle)
@@ -305,6 +320,7 @@ func (w *worker) Run(ctx context.Context) error {
 			q.group = newGroups(w, q, hard)
 		}
 	}
+	loops.Go(func() { w.registerQueues(ctx, queues) }) // beside the claims: a slow Redis delays none
 	for _, q := range queues {
 		if q.prio == nil {
 			loops.Go(func() { w.claimLoop(ctx, hard, waiter, q, runs) })
@@ -397,7 +413,7 @@ func (w *worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q
 			if ctx.Err() != nil {
 				return
 			}
-			w.log.Warn("worker: subscribe to wake-ups failed", "queue", q.name, "err", err)
+			w.storeFailed(w.rd, "subscribe to wake-ups", err, "queue", q.name)
 			w.pause(ctx)
 			continue
 		}
@@ -409,10 +425,11 @@ func (w *worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q
 		w.obs.Claim(ctx, ClaimEvent{Queue: q.name, Asked: n, Claimed: len(cl.Tasks), Err: err})
 		if err != nil {
 			free(n)
-			w.log.Warn("worker: claim failed", "queue", q.name, "err", err)
+			w.storeFailed(w.rd, "claim", err, "queue", q.name)
 			w.pause(ctx)
 			continue
 		}
+		w.rd.OK()
 		free(n - len(cl.Tasks))
 		backlog = len(cl.Tasks) > 0 && cl.NextDue == 0 && cl.RateWait == 0
 		for _, ct := range cl.Tasks {
@@ -438,10 +455,24 @@ func (w *worker) claimLoop(ctx, hard context.Context, waiter *dispatch.Waiter, q
 		}
 		if wait != 0 {
 			if err := waiter.Wait(ctx, mark, wait); err != nil && ctx.Err() == nil {
-				w.log.Warn("worker: wait failed", "queue", q.name, "err", err)
+				w.storeFailed(w.rd, "wait", err, "queue", q.name)
 				w.pause(ctx)
 			}
 		}
+	}
+}
+
+// registerQueues adds the worker's queues to Redis's queue registry, so that the
+// dashboard and delayq stats list a queue before its first task (and it can be
+// paused then). A failure (a Redis ACL without SADD, a Redis not up yet) is only
+// logged: the registry is a listing, and the first enqueue registers the queue.
+func (w *worker) registerQueues(ctx context.Context, queues []*queue) {
+	names := make([]string, len(queues))
+	for i, q := range queues {
+		names[i] = q.name
+	}
+	if err := w.dq.Register(ctx, names...); err != nil {
+		w.log.Warn("worker: queues not registered: the dashboard lists them once they have a task", "err", err)
 	}
 }
 
@@ -536,6 +567,14 @@ func approach(d time.Duration) time.Duration {
 		return d - 2*time.Millisecond
 	}
 	return d
+}
+
+// storeFailed logs err of op on store t: an outage once per change of state
+// (downlog), an error the server answered as "worker: <op> failed" each time.
+func (w *worker) storeFailed(t *downlog.Tracker, op string, err error, attrs ...any) {
+	if !t.Report(op, err) {
+		w.log.Warn("worker: "+op+" failed", append(attrs, "err", err)...)
+	}
 }
 
 func (w *worker) pause(ctx context.Context) {

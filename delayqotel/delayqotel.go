@@ -20,6 +20,7 @@ package delayqotel
 import (
 	"context"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -106,7 +107,7 @@ func (o *WorkerObserver) RunStart(ctx context.Context, t *delayq.Task) context.C
 	attrs := append(taskAttrs(t.Queue, t.ID),
 		attribute.Int("delayq.attempt", t.Attempt),
 		attribute.Int("delayq.version", t.Version),
-		attribute.Int64("delayq.claim_lateness_ms", t.ClaimedAt.Sub(t.Due).Milliseconds()))
+		attribute.Int64("delayq.claim_lateness_ms", lateness(t).Milliseconds()))
 	ctx, _ = o.tracer.Start(Extract(ctx, t.TraceContext), "delayq.run "+t.Queue,
 		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	return ctx
@@ -148,4 +149,13 @@ func (o *RelayObserver) Move(ctx context.Context, m relay.MoveEvent) {
 			trace.WithAttributes(taskAttrs(t.Queue, t.ID)...))
 		span.End(trace.WithTimestamp(end))
 	}
+}
+
+// lateness is the run's claim lateness: from its due time, or from its queue's
+// resume when it fell due while the queue was paused.
+func lateness(t *delayq.Task) time.Duration {
+	if t.Resumed.After(t.Due) {
+		return t.ClaimedAt.Sub(t.Resumed)
+	}
+	return t.ClaimedAt.Sub(t.Due)
 }

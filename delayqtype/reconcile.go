@@ -23,14 +23,6 @@ const (
 	UnknownInPostgres  Kind = "unknown_in_postgres"
 )
 
-// AllKinds lists every kind, in the order reports show them.
-func AllKinds() []Kind {
-	return []Kind{
-		MissingInRedis, MemberWithoutHash, HashWithoutMember, StatusMismatch, VersionMismatch,
-		DoneInRedis, DeadInRedis, DeadInPostgres, FinishedInPostgres, UnknownInPostgres,
-	}
-}
-
 // Describe says in a few words what the kind means.
 func (k Kind) Describe() string {
 	switch k {

@@ -17,7 +17,8 @@ type State string
 
 // The states. pending and queued are live (the task still has to run); done, dead
 // and cancelled are finished. A finished row is kept for the retention (dead rows
-// until a person retries or purges them), then deleted.
+// until a person retries or purges them), then deleted. waiting is neither: the
+// task waits in Postgres for its dependencies (package workflow).
 const (
 	// StatePending: committed by the producer, not yet in Redis (or rescheduled,
 	// or retried from dead: a new version waits for the relay).
@@ -33,14 +34,21 @@ const (
 	// StateCancelled: cancelled by the producer, or by its handler, before it
 	// finished.
 	StateCancelled State = "cancelled"
+	// StateWaiting: enqueued waiting on other tasks (package workflow); the
+	// relay leaves it in Postgres until the last of them finishes, whose
+	// transaction makes it pending (or dead, or cancelled, as the dependency's
+	// policy says).
+	StateWaiting State = "waiting"
 )
 
-// States returns every state, live ones first, in their lifecycle order.
+// States returns every state, live ones first, in their lifecycle order, and
+// waiting last (it came later: lists built from States keep their columns).
 func States() []State {
-	return []State{StatePending, StateQueued, StateDone, StateDead, StateCancelled}
+	return []State{StatePending, StateQueued, StateDone, StateDead, StateCancelled, StateWaiting}
 }
 
-// Live reports whether the task still has to run: pending or queued.
+// Live reports whether the task still has to run and may be in Redis: pending
+// or queued. A waiting task is neither live nor finished.
 func (s State) Live() bool { return s == StatePending || s == StateQueued }
 
 // Finished reports whether the task needs no run any more: done, dead or

@@ -5,14 +5,21 @@ import (
 	"testing"
 )
 
-// Every state parses back from its name and is live or finished, never both;
-// another name is ErrUnknownState.
+// Every state parses back from its name and is live or finished, never both,
+// but waiting, which is neither (it has to run, but not yet: the relay leaves it
+// alone); another name is ErrUnknownState.
 func TestStates(t *testing.T) {
 	t.Parallel()
 	for _, s := range States() {
 		got, err := ParseState(string(s))
 		if err != nil || got != s {
 			t.Errorf("ParseState(%q) = %q, %v", s, got, err)
+		}
+		if s == StateWaiting {
+			if s.Live() || s.Finished() {
+				t.Errorf("%s: live %v, finished %v", s, s.Live(), s.Finished())
+			}
+			continue
 		}
 		if s.Live() == s.Finished() {
 			t.Errorf("%s: live %v, finished %v", s, s.Live(), s.Finished())

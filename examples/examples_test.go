@@ -25,9 +25,14 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// build compiles the example in dir into a temporary binary.
+// build compiles the example in dir into a temporary binary. The quick loop (-short)
+// skips the tests that build one: a build links a whole program (seconds of CPU);
+// make test runs them.
 func build(t *testing.T, dir string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the example as a process: make test runs it")
+	}
 	bin := filepath.Join(t.TempDir(), filepath.Base(dir))
 	out, err := exec.Command("go", "build", "-o", bin, "./"+dir).CombinedOutput()
 	if err != nil {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 
+	"github.com/delayq/delayq/internal/notmigrated"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -17,11 +18,14 @@ var (
 	// byte outside printable ASCII, or '{' or '}'. It is the same value as
 	// delayq.ErrInvalidTaskID.
 	ErrInvalidTaskID = validate.ErrInvalidTaskID
-	// ErrNotMigrated reports that the outbox table does not exist in the schema:
-	// the migrations have not run there (package migrations, or `delayq migrate
-	// up`). CheckMigrated returns it, and so do the worker's and the relay's Run
-	// at their start, instead of failing every round.
-	ErrNotMigrated = errors.New("outbox table not found (run the migrations: delayq migrate up)")
+	// ErrNotMigrated reports that one of delayq's tables, or the schema, does not
+	// exist: the migrations have not run there (package migrations, or `delayq
+	// migrate up`). Every call that reads or writes the tables returns an error
+	// wrapping it, naming what is missing and ending with the hint (the
+	// statement wrote nothing; a caller's transaction is aborted as by any
+	// failed statement). CheckMigrated returns it, and so do the worker's and the
+	// relay's Run at their start, instead of failing every round.
+	ErrNotMigrated = notmigrated.Err
 	// ErrQueueType reports a task built by a Queue whose payload type is not the
 	// one the Client has seen for that queue name (see Queue).
 	ErrQueueType = errors.New("queue used with another payload type")
@@ -40,7 +44,8 @@ var (
 	ErrInvalidConfig = errors.New("invalid outbox config")
 )
 
-// Errors of Cancel and Reschedule.
+// Errors of Cancel and Reschedule (and ErrRunning of an enqueue with a conflict
+// policy).
 var (
 	// ErrNotFound reports that no task has this queue and id (or that the caller's
 	// transaction cannot see it yet).
@@ -52,4 +57,9 @@ var (
 	// the dead version the edit was made on: it was retried, purged and enqueued
 	// again, or edited by someone else. Read it again and redo the edit.
 	ErrStale = errors.New("task changed since it was read")
+	// ErrRunning reports an enqueue with Replace or Debounce whose task is
+	// queued and due: a worker may be running it, so it is not replaced under
+	// the run. Nothing was written, and the caller's transaction is unharmed.
+	// Enqueue another id (a generation suffix, say) to run it again after.
+	ErrRunning = errors.New("task due and may be running")
 )

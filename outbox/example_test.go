@@ -88,6 +88,6 @@ func ExampleJSONCodec() {
 	v, err := lenient.Decode([]byte(`{"order":"order-1001","amount":1250}`))
 	fmt.Printf("%+v %v\n", v, err)
 	// Output:
-	// invalid payload: queue charge: decode outbox_test.Charge: json: unknown field "amount"
+	// invalid payload: queue charge: decode outbox_test.Charge: json: unknown field "amount" (a field the type lacks; JSONCodec{AllowUnknownFields: true} ignores such fields)
 	// {Order:order-1001 AmountCents:0} <nil>
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/notmigrated"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -14,6 +16,10 @@ import (
 // reconcile removes it from Redis. It returns an error wrapping ErrNotFound or
 // ErrFinished when there is nothing to cancel.
 func (c *Client) Cancel(ctx context.Context, q Querier, queue, id string) error {
+	return notmigrated.Classify(c.cancel(ctx, q, queue, id))
+}
+
+func (c *Client) cancel(ctx context.Context, q Querier, queue, id string) error {
 	if err := checkKey(queue, id); err != nil {
 		return fmt.Errorf("outbox: cancel: %w", err)
 	}
@@ -33,6 +39,10 @@ func (c *Client) Cancel(ctx context.Context, q Querier, queue, id string) error 
 // at commit. It returns an error wrapping ErrInvalidTask for a runAt that is zero, at
 // or before the Unix epoch or after the year 9999, or ErrNotFound or ErrFinished.
 func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, runAt time.Time) error {
+	return notmigrated.Classify(c.reschedule(ctx, q, queue, id, runAt))
+}
+
+func (c *Client) reschedule(ctx context.Context, q Querier, queue, id string, runAt time.Time) error {
 	if err := checkKey(queue, id); err != nil {
 		return fmt.Errorf("outbox: reschedule: %w", err)
 	}
@@ -68,6 +78,11 @@ func (c *Client) Reschedule(ctx context.Context, q Querier, queue, id string, ru
 // the caller's transaction: the transition dead-edit-retry of docs/DESIGN.md.
 // It returns the new version.
 func (c *Client) RetryDeadEdited(ctx context.Context, q Querier, queue, id string, version int, payload []byte) (int, error) {
+	v, err := c.retryDeadEdited(ctx, q, queue, id, version, payload)
+	return v, notmigrated.Classify(err)
+}
+
+func (c *Client) retryDeadEdited(ctx context.Context, q Querier, queue, id string, version int, payload []byte) (int, error) {
 	if err := checkKey(queue, id); err != nil {
 		return 0, fmt.Errorf("outbox: retry edited: %w", err)
 	}
@@ -75,7 +90,7 @@ func (c *Client) RetryDeadEdited(ctx context.Context, q Querier, queue, id strin
 		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: version %d: 1..%d", queue, id, ErrInvalidConfig, version, validate.MaxVersion)
 	}
 	if limit := c.cfg.MaxPayloadBytes; len(payload) > limit {
-		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: %d bytes, at most %d", queue, id, ErrPayloadTooLarge, len(payload), limit)
+		return 0, fmt.Errorf("outbox: retry edited %s/%s: %w: %d bytes, at most %d (Config.MaxPayloadBytes)", queue, id, ErrPayloadTooLarge, len(payload), limit)
 	}
 	if payload == nil {
 		payload = []byte{} // the column is NOT NULL: an empty payload is a payload
@@ -106,7 +121,7 @@ func (c *Client) explain(ctx context.Context, q Querier, op, queue, id string) e
 		return fmt.Errorf("outbox: %s %s/%s: %w", op, queue, id, err)
 	case !row.Exists:
 		return fmt.Errorf("outbox: %s %s/%s: %w", op, queue, id, ErrNotFound)
-	case row.State.Live():
+	case row.State.Live() || row.State == delayqtype.StateWaiting:
 		// Our update did not see the row, this later statement does: it was committed
 		// in between (possible under READ COMMITTED).
 		return fmt.Errorf("outbox: %s %s/%s: the task changed concurrently; try again", op, queue, id)

@@ -116,7 +116,7 @@ func TestEnqueueManyPlan(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var plan []byte
 	err = tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+b.client.EnqueueManyStatement(),
-		q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n), prios).Scan(&plan)
+		q, ids, runAts, delays, payloads, attempts, traces, make([]*time.Time, n), prios, []*string(nil)).Scan(&plan)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/delayq/delayq/internal/notmigrated"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/internal/validate"
@@ -123,8 +124,9 @@ type Config struct {
 	TraceContext func(ctx context.Context) string
 }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
-func (c Config) WithDefaults() Config {
+// withDefaults returns a copy of c with every zero field set to its default;
+// Client.Config returns the Config in use so.
+func (c Config) withDefaults() Config {
 	if c.Schema == "" {
 		c.Schema = taskstate.DefaultSchema
 	}
@@ -203,7 +205,7 @@ type Client struct {
 
 // New returns a Client for the outbox described by cfg.
 func New(cfg Config) (*Client, error) {
-	cfg = cfg.WithDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -227,7 +229,7 @@ func (c *Client) CheckMigrated(ctx context.Context, q Querier) error {
 		return fmt.Errorf("outbox: look for the table %s: %w", c.table(), err)
 	}
 	if !found {
-		return fmt.Errorf("%w: %s", ErrNotMigrated, c.table())
+		return fmt.Errorf("outbox: %w", notmigrated.Table(c.table()))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strings"
 	"sync"
 )
 
@@ -26,11 +27,18 @@ func decodeJSON(payload []byte, v any, allowUnknownFields bool) error {
 		return errors.New("empty payload: no JSON value")
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return errors.New("unexpected end of JSON input") // json.Unmarshal's words
+	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field "):
+		// A producer's misspelling, or a newer producer: say how to accept it.
+		return fmt.Errorf("%w (a field the type lacks; JSONCodec{AllowUnknownFields: true} ignores such fields)", err)
 	case err != nil:
 		return err
 	}
 	if rest := bytes.TrimLeft(payload[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
-		return fmt.Errorf("%d bytes after the JSON value (at offset %d)", len(rest), len(payload)-len(rest))
+		unit := "bytes"
+		if len(rest) == 1 {
+			unit = "byte"
+		}
+		return fmt.Errorf("%d %s after the JSON value (at offset %d)", len(rest), unit, len(payload)-len(rest))
 	}
 	return nil
 }

@@ -54,9 +54,9 @@ func TestJSONCodecStrict(t *testing.T) {
 		{`{"order":"o","amount":5,"currency":"EUR"}`, `json: unknown field "currency"`},
 		{`{"Order":"o"}`, ""}, // encoding/json matches names without regard to case
 		{`{"parcel":"p-1"}`, `json: unknown field "parcel"`},
-		{`{"order":"o"}x`, "1 bytes after the JSON value (at offset 13)"},
+		{`{"order":"o"}x`, "1 byte after the JSON value (at offset 13)"},
 		{`{"order":"o"}{"order":"p"}`, "13 bytes after the JSON value (at offset 13)"},
-		{`{"order":"o"}` + "\f", "1 bytes after the JSON value"},
+		{`{"order":"o"}` + "\f", "1 byte after the JSON value"},
 		{``, "empty payload"},
 		{`  `, "empty payload"},
 		{`{"order":"o"`, "unexpected end of JSON input"},

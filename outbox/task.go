@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -52,6 +53,41 @@ type Task struct {
 	// strict: a constant backlog of higher priorities starves the lower ones of
 	// the queue. Kept by Reschedule and by a retry from dead.
 	Priority int
+	// ConcurrencyKey names what the task's runs count against (a tenant, an
+	// account): "" for none, else 1..200 bytes of UTF-8 without control
+	// characters. While the task's queue caps the runs of one key at once or
+	// throttles its starts (delayq.Client.SetKeyLimits, `delayq queue keys`),
+	// the claim lets a task start only within them, across every worker; a
+	// queue without limits ignores it. Kept by Reschedule and by a retry from
+	// dead. README: "Concurrency keys and throttles".
+	ConcurrencyKey string
+
+	// Replace sets the conflict policy "replace": when a task of this queue and id
+	// exists and has yet to start (pending, queued and not yet due, or waiting on
+	// its dependencies), the enqueue gives it this task's Payload and due time
+	// (Delay or RunAt; both zero: now) as a new version, in the caller's
+	// transaction, instead of reporting a duplicate: Result.Replaced. Its other
+	// fields (MaxAttempts, Priority, TraceContext, StartBy, attempts so far) are
+	// kept. A queued task's copy in Redis is replaced by the relay as after
+	// Reschedule. A task due and queued (a worker may be running it) is refused
+	// with ErrRunning, nothing written; a finished one (done, dead, cancelled)
+	// is a duplicate. Not with StartBy, nor in EnqueueMany (ErrInvalidTask).
+	Replace bool
+	// KeepRunAt, with Replace, keeps the existing task's due time (the first
+	// enqueue's, or its last reschedule's): only the payload is replaced.
+	KeepRunAt bool
+	// Debounce sets the conflict policy "debounce" with this window: the task is
+	// due Debounce after the enqueue (on the database clock; set no Delay or
+	// RunAt), and an enqueue of the same key while it has yet to start replaces
+	// its payload and pushes its due time back to Debounce after this enqueue
+	// (never earlier than it was), capped by MaxWait: Result.Debounced. The
+	// states are Replace's. At least a microsecond when set.
+	Debounce time.Duration
+	// MaxWait, with Debounce, caps the due time at MaxWait after the first
+	// enqueue of the key (its row's created_at: that transaction's start), so a
+	// steady stream of enqueues cannot postpone the task forever. At least
+	// Debounce; zero: no cap.
+	MaxWait time.Duration
 
 	// payloadType is the type of the value Queue.Task encoded (nil for raw
 	// bytes): the client refuses another for the same queue name
@@ -69,7 +105,8 @@ var (
 )
 
 // Validate checks t as Enqueue would, without touching the database. The error wraps
-// one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidTask (naming the field) or
+// one of ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidTask (naming the field, or
+// the conflict policy's fields: Replace, KeepRunAt, Debounce, MaxWait) or
 // ErrPayloadTooLarge.
 func (c *Client) Validate(t Task) error {
 	if err := validate.Queue(t.Queue); err != nil {
@@ -98,7 +135,7 @@ func (c *Client) Validate(t Task) error {
 		}
 	}
 	if limit := c.cfg.MaxPayloadBytes; len(t.Payload) > limit {
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrPayloadTooLarge, len(t.Payload), limit)
+		return fmt.Errorf("%w: %d bytes, at most %d (Config.MaxPayloadBytes)", ErrPayloadTooLarge, len(t.Payload), limit)
 	}
 	if t.MaxAttempts < 0 || t.MaxAttempts > validate.MaxAttempts {
 		return fmt.Errorf("%w: %d: 1..%d (0 means the default, %d)", validate.ErrInvalidMaxAttempts, t.MaxAttempts, validate.MaxAttempts, c.cfg.DefaultMaxAttempts)
@@ -106,15 +143,58 @@ func (c *Client) Validate(t Task) error {
 	if err := validate.TraceContext(t.TraceContext); err != nil {
 		return err
 	}
-	return validate.Priority(t.Priority)
+	if err := validate.Priority(t.Priority); err != nil {
+		return err
+	}
+	if err := validate.ConcurrencyKey(t.ConcurrencyKey); err != nil {
+		return err
+	}
+	return checkConflict(t)
+}
+
+// checkConflict checks the conflict policy of t: Replace (with KeepRunAt) or
+// Debounce (with MaxWait), one of them.
+func checkConflict(t Task) error {
+	switch {
+	case !t.Replace && t.KeepRunAt:
+		return fmt.Errorf("%w: KeepRunAt without Replace", validate.ErrInvalidConflict)
+	case t.Debounce < 0 || t.Debounce > 0 && t.Debounce < time.Microsecond:
+		return fmt.Errorf("%w: Debounce %v: at least 1µs, or 0 for none", validate.ErrInvalidConflict, t.Debounce)
+	case t.MaxWait < 0:
+		return fmt.Errorf("%w: MaxWait %v is negative", validate.ErrInvalidConflict, t.MaxWait)
+	case t.MaxWait > 0 && t.Debounce == 0:
+		return fmt.Errorf("%w: MaxWait %v without Debounce", validate.ErrInvalidConflict, t.MaxWait)
+	case t.MaxWait > 0 && t.MaxWait < t.Debounce:
+		return fmt.Errorf("%w: MaxWait %v is shorter than Debounce %v", validate.ErrInvalidConflict, t.MaxWait, t.Debounce)
+	case t.Replace && t.Debounce > 0:
+		return fmt.Errorf("%w: both Replace and Debounce are set; set one", validate.ErrInvalidConflict)
+	case t.Debounce > 0 && (t.Delay != 0 || !t.RunAt.IsZero()):
+		return fmt.Errorf("%w: Debounce %v with a Delay or RunAt: the window is the delay", validate.ErrInvalidConflict, t.Debounce)
+	case (t.Replace || t.Debounce > 0) && !t.StartBy.IsZero():
+		return fmt.Errorf("%w: a start deadline (StartBy) with Replace or Debounce", validate.ErrInvalidConflict)
+	}
+	return nil
+}
+
+// conflict is t's policy for EnqueueReplace, 0 for none (a duplicate).
+func (t *Task) conflict() int16 {
+	switch {
+	case t.Debounce > 0:
+		return taskstate.ConflictDebounce
+	case t.Replace && t.KeepRunAt:
+		return taskstate.ConflictKeepRunAt
+	case t.Replace:
+		return taskstate.ConflictReplace
+	}
+	return 0
 }
 
 func checkRunAt(t time.Time) error {
 	if !t.After(minRunAt) {
-		return fmt.Errorf("%w: %v is at or before the Unix epoch; an unset timestamp?", validate.ErrInvalidRunAt, t.UTC())
+		return fmt.Errorf("%w: %s is at or before the Unix epoch (an unset timestamp?)", validate.ErrInvalidRunAt, t.UTC().Format(time.RFC3339Nano))
 	}
 	if !t.Before(maxRunAt) {
-		return fmt.Errorf("%w: %v is after the year 9999", validate.ErrInvalidRunAt, t.UTC())
+		return fmt.Errorf("%w: %s is after the year 9999", validate.ErrInvalidRunAt, t.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }
@@ -129,6 +209,7 @@ type row struct {
 	trace       *string    // nil: none (NULL)
 	startBy     *time.Time // nil: none
 	priority    int16
+	key         *string // nil: none (NULL)
 }
 
 // row makes the row of t, enqueued with ctx.
@@ -140,6 +221,10 @@ func (c *Client) row(ctx context.Context, t Task) row {
 		payload:     t.Payload,
 		maxAttempts: int32(t.MaxAttempts),
 		priority:    int16(t.Priority),
+	}
+	if t.ConcurrencyKey != "" {
+		k := t.ConcurrencyKey
+		r.key = &k
 	}
 	if !t.RunAt.IsZero() {
 		at := t.RunAt

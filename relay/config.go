@@ -53,6 +53,13 @@ type Config struct {
 	// "dq". (In delayq.Config.Relay, leave Schema, NotifyChannel and Prefix
 	// empty: the client names them.)
 	Prefix string
+	// Database names this relay's outbox database when several feed one Redis
+	// (docs/DESIGN.md, "Several databases"): its tasks live under Prefix + ":" +
+	// Database, its metrics carry the label database=<key> and its log lines the
+	// attribute database. Each database has its relay (or relays), which heals
+	// that database's tasks alone. Default "": one database, keys under Prefix.
+	// 1..32 bytes of [a-z0-9_-].
+	Database string
 
 	// Queues limits the relay, and its reaper, to these queues. Default: every
 	// queue. The reaper then discovers the queues from Postgres (those with queued
@@ -136,8 +143,10 @@ type Config struct {
 	Observer Observer
 
 	// Schedules are the periodic tasks this relay enqueues into the outbox, each
-	// tick once whatever the number of relays (package schedule; delayq relay
-	// --schedules FILE). Default: none.
+	// tick once whatever the number of relays and workers running them (package
+	// schedule; delayq relay --schedules FILE). Schedules declared in Go beside
+	// their handlers are run by the worker instead (delayq.Client.Schedule).
+	// Default: none.
 	Schedules schedule.Config
 
 	// afterEnqueue, when set (by tests), runs after the Redis write and before the
@@ -222,6 +231,11 @@ func (c Config) validate() error {
 	}
 	if _, err := outbox.New(outbox.Config{Schema: c.Schema, NotifyChannel: c.NotifyChannel}); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.Database != "" {
+		if err := validate.Database(c.Database); err != nil {
+			return fmt.Errorf("%w: Database: %w", ErrInvalidConfig, err)
+		}
 	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)

@@ -48,7 +48,8 @@ func (b testBundle) redisCopy(t *testing.T, queue, id string) redisCopy {
 // task: the relay's round, reconcile's restore, the self-healing's repair after a
 // loss, and a retry from dead that the relay then moves. One task with every
 // field a row can hand Redis (a binary payload, attempts used, a version past 1,
-// max attempts, a trace context, a start deadline, a priority) goes through each,
+// max attempts, a trace context, a start deadline, a priority, a concurrency key)
+// goes through each,
 // and its hash is compared byte for byte with the round's, as is its place in the
 // ready ZSET and the priority index. Before there was one encoder (RedisRow.Task
 // and write_task), restores dropped the trace context (field c).
@@ -62,7 +63,7 @@ func TestEveryPathWritesTheSameTask(t *testing.T) {
 	payload := []byte("{\"n\":1}\x00\xff binary")
 	trace := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 vendor=opaque"
 	b.enqueue(t, outbox.Task{Queue: q, ID: id, Payload: payload, RunAt: due, StartBy: startBy,
-		MaxAttempts: 5, TraceContext: trace, Priority: 7})
+		MaxAttempts: 5, TraceContext: trace, Priority: 7, ConcurrencyKey: "tenant-9"})
 	// Two recorded failures and two reschedules, as a row would have them.
 	if _, err := b.pool.Exec(ctx, `UPDATE delayq_outbox SET attempt = 2, version = 3 WHERE queue = $1 AND task_id = $2`, q, id); err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestEveryPathWritesTheSameTask(t *testing.T) {
 	// not at their defaults (delayq.Keys.TaskKey), the due time as the ready score,
 	// and the priority index's score (9 - priority) * 10^13 + due ms.
 	want := map[string]string{"p": string(payload), "a": "2", "v": "3", "m": "5", "c": trace,
-		"d": strconv.FormatInt(startBy.UnixMilli(), 10), "y": "7"}
+		"d": strconv.FormatInt(startBy.UnixMilli(), 10), "y": "7", "k": "tenant-9"}
 	indexScore := func(runAt time.Time) float64 { return float64(2e13 + runAt.UnixMilli()) }
 	k, err := b.dq.Keys(q)
 	if err != nil {

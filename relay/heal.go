@@ -39,6 +39,12 @@ type healState struct {
 	mu        sync.Mutex
 	repairing string    // why a full repair runs ("" when none does)
 	since     time.Time // when it started
+
+	// lastMarks are the marks the last term of this relay knew when it ended
+	// (only the heal loop touches them): the next term compares the marks it reads
+	// with them, so that a failover while no term watched — a term ended by a
+	// Redis or Postgres error — still counts as a loss.
+	lastMarks []dispatch.Epoch
 }
 
 // Repairing reports whether this relay is repairing Redis after a detected loss,
@@ -75,14 +81,17 @@ func (r *Relay) healLoop(ctx context.Context) {
 		}
 		if conn != nil {
 			r.setLeader(true)
-			err := r.healAsLeader(ctx, conn)
+			h, err := r.healAsLeader(ctx, conn)
+			if h != nil && h.marks != nil {
+				r.heal.lastMarks = h.marks
+			}
 			r.setLeader(false)
 			// The lock lives as long as the session: close it, not back to the pool
 			// still holding the lock.
 			_ = conn.Conn().Close(context.WithoutCancel(ctx))
 			conn.Release()
 			if err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("relay: self-healing paused", "error", err.Error())
+				r.warnStore("relay: self-healing paused", err)
 			}
 		}
 		// Another relay leads, or ours failed: try again later (jittered).
@@ -145,22 +154,30 @@ const nodeCheckEvery = 5
 // errLeadership ends a leader's term: its lock connection failed.
 var errLeadership = errors.New("relay: the leader's lock connection failed")
 
-// healAsLeader runs passes until ctx ends or the lock connection fails.
-func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) error {
+// healAsLeader runs passes until ctx ends or the lock connection fails. It
+// returns the term, whose marks the next term starts from, once it read them.
+func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) (*healer, error) {
 	pass, err := reconcile.NewPass(r.pool, r.dq, reconcile.Options{
 		Schema: r.cfg.Schema, NotifyChannel: r.cfg.NotifyChannel, BatchSize: r.cfg.RepairBatch, Logger: r.cfg.Logger,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	h := &healer{r: r, conn: conn, pass: pass}
-	marks, err := r.dq.Epochs(ctx)
+	marks, err := h.firstMarks(ctx)
 	if err != nil {
-		r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged
-		return err
+		return nil, err
 	}
 	h.marks = marks
 	r.cfg.Logger.Info("relay: leading self-healing", "epochs", len(marks))
+	// Marks that differ from those this relay's last term knew: a loss or a
+	// failover while no term watched.
+	if known := r.heal.lastMarks; known != nil {
+		lost, changed := marksDiffer(known, marks, true)
+		if len(lost) > 0 || len(changed) > 0 || len(known) != len(marks) {
+			h.noteLoss(marks, lost, changed)
+		}
+	}
 	// A master without a mark when the term starts lost data while no relay
 	// watched, or a leader died repairing it (marks are written again only when a
 	// repair completes), or this is a first start. The first pass runs at full
@@ -171,7 +188,7 @@ func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) error {
 			unmarked = append(unmarked, m.Shard)
 		}
 	}
-	if len(unmarked) > 0 {
+	if len(unmarked) > 0 && !h.urgent {
 		// Usually a first start on this Redis, or a leader that died mid-pass:
 		// nothing says data was lost, so the line says what is done, not why.
 		h.lossDetected("checking every task of shards "+strings.Join(unmarked, ",")+
@@ -179,13 +196,38 @@ func (r *Relay) healAsLeader(ctx context.Context, conn *pgxpool.Conn) error {
 	}
 	for ctx.Err() == nil {
 		if err := h.runPass(ctx); err != nil {
-			return err
+			return h, err
 		}
 		if !h.wait(ctx, r.cfg.RepairPause) {
-			return nil
+			return h, nil
 		}
 	}
-	return nil
+	return h, nil
+}
+
+// firstMarks reads the marks a term starts from, retrying with backoff while
+// Redis is unreachable (a failover in progress): the term keeps its lock rather
+// than ending and leaving the failover unwatched. It fails when ctx ends or the
+// lock connection does.
+func (h *healer) firstMarks(ctx context.Context) ([]dispatch.Epoch, error) {
+	b := newBackoff(h.r.cfg.BackoffMin, h.r.cfg.BackoffMax)
+	for {
+		marks, err := h.r.dq.Epochs(ctx)
+		if err == nil {
+			h.r.rd.OK()
+			return marks, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		h.r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged; read again
+		if !sleep(ctx, b.next()) {
+			return nil, ctx.Err()
+		}
+		if err := h.conn.Ping(ctx); err != nil {
+			return nil, fmt.Errorf("%w: %w", errLeadership, err)
+		}
+	}
 }
 
 // healer is one leader's term.
@@ -223,32 +265,52 @@ func (h *healer) check(ctx context.Context) error {
 		now, err = h.r.dq.RereadEpochs(ctx, h.marks)
 	}
 	if err != nil {
-		h.r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged; checked again
+		if ctx.Err() == nil {
+			h.r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged; checked again
+		}
 		return nil
 	}
-	h.r.rd.ok()
+	h.r.rd.OK()
 	// A mark that differs from the one this term knows: gone (restart without
 	// persistence, flush, failover to a replica without it) or another (a replica
 	// with an older mark). A known-missing mark that is still missing is the
 	// repair in hand, not a new loss. A new master with the mark (a failover, a
 	// restart with persistence) may still have lost the last writes: repaired as
 	// well.
-	var lost, changed []string
-	for _, e := range now {
-		i := slices.IndexFunc(h.marks, func(m dispatch.Epoch) bool { return m.Shard == e.Shard })
-		switch {
-		case i < 0 || e.Value != h.marks[i].Value:
-			lost = append(lost, e.Shard)
-		case e.Node != h.marks[i].Node:
-			changed = append(changed, e.Shard)
-		}
-	}
+	lost, changed := marksDiffer(h.marks, now, false)
 	if len(lost) == 0 && len(changed) == 0 && len(now) == len(h.marks) {
 		return nil
 	}
+	h.noteLoss(now, lost, changed)
+	return nil
+}
+
+// marksDiffer compares the marks a term knows with marks read now. Lost are the
+// shards whose mark is gone or another, and shards the term did not know;
+// changed, those another node serves now. With written, a mark the term knew as
+// missing and now finds is not lost: a repair wrote it (this term's, or another
+// leader's between two terms).
+func marksDiffer(known, now []dispatch.Epoch, written bool) (lost, changed []string) {
+	for _, e := range now {
+		i := slices.IndexFunc(known, func(m dispatch.Epoch) bool { return m.Shard == e.Shard })
+		switch {
+		case i < 0:
+			lost = append(lost, e.Shard)
+		case e.Value != known[i].Value && !(written && known[i].Value == ""):
+			lost = append(lost, e.Shard)
+		case e.Node != known[i].Node:
+			changed = append(changed, e.Shard)
+		}
+	}
+	return lost, changed
+}
+
+// noteLoss takes now as the term's marks, the lost shards' as missing (written
+// again when the repair completes), and starts a full repair.
+func (h *healer) noteLoss(now []dispatch.Epoch, lost, changed []string) {
 	for i := range now {
 		if slices.Contains(lost, now[i].Shard) {
-			now[i].Value = "" // written again when the repair completes
+			now[i].Value = ""
 		}
 	}
 	h.marks = now
@@ -260,7 +322,6 @@ func (h *healer) check(ctx context.Context) error {
 	default:
 		h.lossDetected("the Redis Cluster's shards changed", nil, true)
 	}
-	return nil
 }
 
 // lossDetected starts a full repair at full speed; counted as a loss when it is
@@ -314,7 +375,7 @@ func (h *healer) runPass(ctx context.Context) error {
 			// workers claim from every shard of a sharded queue, and a paused queue
 			// stays paused, without waiting for the control loop.
 			if err := r.syncControls(ctx); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("relay: mirror queue controls after a loss", "error", err.Error())
+				r.warnStore("relay: mirror queue controls after a loss", err)
 			}
 		}
 		for _, q := range r.healQueues(ctx) {
@@ -329,6 +390,9 @@ func (h *healer) runPass(ctx context.Context) error {
 				before := h.pass.Report()
 				last, n, err := h.pass.Step(ctx, q, after)
 				if err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
 					r.storeErr(errHeal, "anti-entropy "+q, err) //nolint:errcheck // counted and logged
 					if !sleep(ctx, r.cfg.BackoffMax) {
 						return ctx.Err()
@@ -365,8 +429,18 @@ func (h *healer) runPass(ctx context.Context) error {
 			// Repaired: mark the masters again, so that a later loss shows.
 			marks, err := r.dq.EnsureEpochs(ctx)
 			if err != nil {
-				r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged
+				if ctx.Err() == nil {
+					r.redisErr(errHeal, "epochs", err) //nolint:errcheck // counted and logged
+				}
 				return err
+			}
+			// A failover or a loss after the pass's last check: the pass may
+			// have compared pages before it, and the marks, written on the new
+			// master, would hide it. Start over instead.
+			if lost, changed := marksDiffer(h.marks, marks, true); len(lost) > 0 || len(changed) > 0 || len(marks) != len(h.marks) {
+				h.noteLoss(marks, lost, changed)
+				start = true
+				continue
 			}
 			h.marks = marks
 		}
@@ -393,7 +467,9 @@ func (r *Relay) healQueues(ctx context.Context) []string {
 	}
 	qs, err := r.queuedQueues(ctx)
 	if err != nil {
-		r.pgErr(errHeal, "queues with queued rows", err) //nolint:errcheck // counted and logged
+		if ctx.Err() == nil { // a shutdown is no outage
+			r.pgErr(errHeal, "queues with queued rows", err) //nolint:errcheck // counted and logged
+		}
 		return nil
 	}
 	return qs

@@ -3,73 +3,14 @@ package relay
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/relayobs"
 )
-
-// health tracks whether a server is reachable, so that an outage is logged once
-// when it starts and once when it ends, not at every attempt.
-//
-// Right after a server comes back, some pooled connections may still be the dead
-// ones of before; a failure within healthGrace of recovering is taken as part of
-// the same outage and logged only if it lasts longer than healthGrace.
-type health struct {
-	name string
-	log  *slog.Logger
-
-	mu    sync.Mutex
-	down  bool
-	quiet bool      // down, not logged yet (a relapse right after recovery)
-	since time.Time // start of the outage
-	upAt  time.Time // end of the last outage
-}
-
-const healthGrace = 2 * time.Second
-
-func newHealth(name string, log *slog.Logger) *health {
-	return &health{name: name, log: log}
-}
-
-// fail records a failed attempt to reach the server.
-func (h *health) fail(op string, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	now := time.Now()
-	switch {
-	case !h.down:
-		h.down, h.since = true, now
-		h.quiet = !h.upAt.IsZero() && now.Sub(h.upAt) < healthGrace
-		if h.quiet {
-			return
-		}
-	case h.quiet && now.Sub(h.since) >= healthGrace:
-		h.quiet = false
-	default:
-		return
-	}
-	h.log.Warn("relay: "+h.name+" unreachable; retrying with backoff", "op", op, "error", err.Error())
-}
-
-// ok records a successful call.
-func (h *health) ok() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.down {
-		return
-	}
-	h.down, h.upAt = false, time.Now()
-	if h.quiet {
-		return
-	}
-	h.log.Info("relay: "+h.name+" reachable again", "down_for", time.Since(h.since).Round(time.Millisecond).String())
-}
 
 // pgErr counts and reports an error of Postgres. Errors the server sent (SQL
 // errors) are logged each time, since they need a person; the others mean the
@@ -77,58 +18,21 @@ func (h *health) ok() {
 // kind is the label of delayq_relay_errors_total.
 func (r *Relay) pgErr(kind, op string, err error) error {
 	r.observe(context.Background(), relayobs.ErrorEvent{Kind: kind, Op: op, Err: err})
-	if isPgReply(err) {
-		r.pg.ok()
+	if errors.Is(err, errHook) || !r.pg.Report(op, err) {
+		r.pg.OK()
 		r.cfg.Logger.Error("relay: PostgreSQL error", "op", op, "error", err.Error())
-	} else {
-		r.pg.fail(op, err)
 	}
 	return err
-}
-
-// isPgReply reports whether err is an error the server sent about a statement (it
-// is up and answered), rather than a lost or refused connection. FATAL errors
-// (the server shutting down, too many connections) and the connection-exception
-// class count as lost connections.
-func isPgReply(err error) bool {
-	if errors.Is(err, errHook) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch {
-	case pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC":
-		return false
-	case len(pgErr.Code) == 5 && (pgErr.Code[:2] == "08" || pgErr.Code[:3] == "57P" || pgErr.Code == "53300"):
-		return false
-	}
-	return true
 }
 
 // redisErr counts and reports an error of Redis, as pgErr does.
 func (r *Relay) redisErr(kind, op string, err error) error {
 	r.observe(context.Background(), relayobs.ErrorEvent{Kind: kind, Op: op, Err: err})
-	if isRedisReply(err) {
-		r.rd.ok()
+	if errors.Is(err, errHook) || !r.rd.Report(op, err) {
+		r.rd.OK()
 		r.cfg.Logger.Error("relay: Redis error", "op", op, "error", err.Error())
-	} else {
-		r.rd.fail(op, err)
 	}
 	return err
-}
-
-// isRedisReply reports whether err is an error reply of the server (it is up),
-// or an unexpected reply shape, rather than a network error.
-func isRedisReply(err error) bool {
-	var re redis.Error
-	if errors.As(err, &re) {
-		// go-redis reports some client-side conditions (a closed pool) as
-		// redis.Error too; those messages start with "redis: ".
-		return len(re.Error()) < 7 || re.Error()[:7] != "redis: "
-	}
-	return false
 }
 
 // errHook marks an error injected by a test hook: a server error, not an outage.
@@ -170,10 +74,27 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // storeErr counts and reports an error of a step that talks to both servers:
 // Postgres's when it came from Postgres, else Redis's.
 func (r *Relay) storeErr(kind, op string, err error) error {
-	var pgErr *pgconn.PgError
-	var connErr *pgconn.ConnectError
-	if errors.As(err, &pgErr) || errors.As(err, &connErr) || pgconn.SafeToRetry(err) {
+	if fromPg(err) {
 		return r.pgErr(kind, op, err)
 	}
 	return r.redisErr(kind, op, err)
+}
+
+func fromPg(err error) bool {
+	var pgErr *pgconn.PgError
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &pgErr) || errors.As(err, &connErr) || pgconn.SafeToRetry(err)
+}
+
+// warnStore logs err of a step that talks to both servers and is not counted
+// as a round's error (mirroring the queue controls, self-healing): an outage
+// once per change of state, with the rounds' (pg or rd), else msg as a WARN.
+func (r *Relay) warnStore(msg string, err error) {
+	t := r.rd
+	if fromPg(err) {
+		t = r.pg
+	}
+	if !t.Report(strings.TrimPrefix(msg, "relay: "), err) {
+		r.cfg.Logger.Warn(msg, "error", err.Error())
+	}
 }

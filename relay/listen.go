@@ -16,7 +16,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
 	up := func() {
 		bo.reset()
-		r.pg.ok()
+		r.pg.OK()
 		r.notify()
 	}
 	for ctx.Err() == nil {

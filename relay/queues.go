@@ -10,8 +10,16 @@ import (
 // controlLoop mirrors the queue controls every queuectl.SyncInterval.
 func (r *Relay) controlLoop(ctx context.Context) {
 	for {
-		if err := r.syncControls(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("relay: mirror queue controls", "error", err.Error())
+		switch err := r.syncControls(ctx); {
+		case err == nil:
+			r.pg.OK()
+			// With no controls, the sync asked Redis nothing; the rounds may ask
+			// it nothing either while no task is due: a ping says it is back.
+			if r.rd.Down() && r.dq.AsRedis().Ping(ctx).Err() == nil {
+				r.rd.OK()
+			}
+		case ctx.Err() == nil:
+			r.warnStore("relay: mirror queue controls", err)
 		}
 		if !sleep(ctx, queuectl.SyncInterval) {
 			return

@@ -41,7 +41,7 @@ func (r *Relay) reapOnce(ctx context.Context) {
 				r.redisErr(errReap, "reap "+q, err) //nolint:errcheck // counted and logged
 				break
 			}
-			r.rd.ok()
+			r.rd.OK()
 			r.observe(ctx, relayobs.ReapEvent{Queue: q, Requeued: len(res.Requeued), Orphans: len(res.Orphans)})
 			for part := range slices.Chunk(res.Exhausted, 1000) {
 				r.settleExhausted(opCtx, q, part)
@@ -58,7 +58,7 @@ func (r *Relay) reapOnce(ctx context.Context) {
 func (r *Relay) settleExhausted(ctx context.Context, queue string, ids []string) {
 	res, err := r.ops.SettleExhausted(ctx, r.pool, queue, ids)
 	if res.Tasks > 0 {
-		r.pg.ok() // MarkDead went through
+		r.pg.OK() // MarkDead went through
 	}
 	if err != nil {
 		// A task not settled is reported again after the hold.

@@ -14,9 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/downlog"
+	"github.com/delayq/delayq/internal/notmigrated"
 	"github.com/delayq/delayq/internal/relayobs"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/transition"
@@ -36,7 +39,7 @@ type Relay struct {
 	obs   relayobs.Observer // the Prometheus observer, Config.Observer and stats
 	stats statsObserver
 
-	pg, rd *health // state of the two servers, for logs once per change
+	pg, rd *downlog.Tracker // state of the two servers, for logs once per change
 
 	started atomic.Bool
 	wake    chan struct{} // a notification arrived (buffer 1: a flag)
@@ -67,7 +70,13 @@ func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Relay, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	dq, err := dispatch.On(rdb, dispatch.Config{Prefix: cfg.Prefix, Logger: cfg.Logger})
+	if cfg.Database != "" {
+		cfg.Logger = cfg.Logger.With("database", cfg.Database)
+		if cfg.Registerer != nil {
+			cfg.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"database": cfg.Database}, cfg.Registerer)
+		}
+	}
+	dq, err := dispatch.On(rdb, dispatch.Config{Prefix: dispatch.Namespace(cfg.Prefix, cfg.Database), Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -90,8 +99,8 @@ func New(pool outbox.DB, rdb redis.UniversalClient, cfg Config) (*Relay, error) 
 		prom = m
 	}
 	r.obs = relayobs.Observers(prom, observerOf(cfg.Observer), &r.stats)
-	r.pg = newHealth("PostgreSQL", cfg.Logger)
-	r.rd = newHealth("Redis", cfg.Logger)
+	r.pg = downlog.New(cfg.Logger, "relay", "PostgreSQL")
+	r.rd = downlog.New(cfg.Logger, "relay", "Redis")
 	return r, nil
 }
 
@@ -106,7 +115,7 @@ func (r *Relay) checkOutbox(ctx context.Context) error {
 		return fmt.Errorf("relay: look for the outbox table: %w", err)
 	}
 	if !found {
-		return fmt.Errorf("relay: %w: %s", outbox.ErrNotMigrated, r.table)
+		return fmt.Errorf("relay: %w", notmigrated.Table(r.table))
 	}
 	return nil
 }
@@ -252,7 +261,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 	if err != nil {
 		return 0, r.pgErr(errPostgres, "take due rows", err)
 	}
-	r.pg.ok()
+	r.pg.OK()
 	if len(rows) == 0 {
 		return 0, nil
 	}
@@ -288,7 +297,7 @@ func (r *Relay) round(ctx context.Context, conn **pgxpool.Conn) (int, error) {
 	if err != nil {
 		return 0, r.redisErr(errRedis, "enqueue", err)
 	}
-	r.rd.ok()
+	r.rd.OK()
 	if r.cfg.afterEnqueue != nil {
 		if err := r.cfg.afterEnqueue(); err != nil {
 			return 0, r.pgErr(errPostgres, "after enqueue", fmt.Errorf("%w: %w", errHook, err))
@@ -364,7 +373,7 @@ func (r *Relay) mirrorControls(ctx context.Context) {
 		return
 	}
 	if err := r.syncControls(ctx); err != nil {
-		r.cfg.Logger.Warn("relay: mirror queue controls before a round", "error", err.Error())
+		r.warnStore("relay: mirror queue controls before a round", err)
 	}
 }
 

@@ -658,6 +658,8 @@ func TestConfig(t *testing.T) {
 		{FollowUp: -1},
 		{FollowUpFor: -2},
 		{FollowUp: time.Second, FollowUpFor: time.Millisecond},
+		{Database: "Bad.Key"},
+		{Database: "eu1"}, // the Redis client is bound to another namespace
 	} {
 		if _, err := relay.New(b.pool, b.dq.AsRedis(), c); !errors.Is(err, relay.ErrInvalidConfig) {
 			t.Errorf("New(%+v): %v, want ErrInvalidConfig", c, err)

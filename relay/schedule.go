@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/delayq/delayq/internal/schedrun"
 	"github.com/delayq/delayq/outbox"
-	"github.com/delayq/delayq/schedule"
 )
 
 // This file hooks the scheduling features of package schedule into the relay: the
@@ -32,35 +32,19 @@ func (r *Relay) featureLoops() []func(context.Context) {
 
 // scheduleLoop evaluates the schedules every Lookahead/2: each tick due within the
 // lookahead is enqueued into the outbox (the relay's own rounds then move it, woken
-// at the commit), once, whatever other relays do (package schedule).
+// at the commit), once, whatever other relays or clients running the same
+// schedule do (internal/schedrun).
 func (r *Relay) scheduleLoop(ctx context.Context) {
 	ob, err := outbox.New(outbox.Config{Schema: r.cfg.Schema, NotifyChannel: r.cfg.NotifyChannel})
 	if err == nil {
-		var runner *schedule.Runner
-		if runner, err = schedule.NewRunner(r.cfg.Schedules, ob, r.cfg.Logger); err == nil {
-			r.runSchedules(ctx, runner)
+		var runner *schedrun.Runner
+		if runner, err = schedrun.New(r.cfg.Schedules, ob, r.cfg.Logger); err == nil {
+			runner.Run(ctx, r.pool, func(err error) {
+				r.pgErr(errPostgres, "schedules", err) //nolint:errcheck // counted and logged
+			}, r.cfg.BackoffMin, r.cfg.BackoffMax)
 			return
 		}
 	}
 	// Validated by New: not reached.
 	r.cfg.Logger.Error("relay: schedules not run", "error", err.Error())
-}
-
-func (r *Relay) runSchedules(ctx context.Context, runner *schedule.Runner) {
-	bo := newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax)
-	for ctx.Err() == nil {
-		wait := runner.Wait()
-		if err := runner.RunOnce(ctx, r.pool); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			r.pgErr(errPostgres, "schedules", err) //nolint:errcheck // counted and logged
-			wait = min(wait, bo.next())
-		} else {
-			bo.reset()
-		}
-		if !sleep(ctx, wait) {
-			return
-		}
-	}
 }

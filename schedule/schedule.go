@@ -1,25 +1,33 @@
 // Package schedule declares periodic tasks: cron expressions with time zones, or
-// fixed intervals. The relay enqueues each tick into the outbox a little before it
+// fixed intervals. Declare a schedule in Go beside the handler of its queue, typed
+// (For: the queue's codec writes each tick's payload from a value of the queue's
+// type, checked by its Validate), and give it to the worker's client
+// (delayq.Client.Schedule); or in the YAML file a relay sidecar reads (Parse; `delayq
+// relay --schedules FILE`), or in relay.Config.Schedules. Whoever runs a schedule
+// (the worker's Run, a relay) enqueues each tick into the outbox a little before it
 // falls due (Config.Lookahead), as an ordinary task whose id is the schedule's name
 // and the tick's time ("nightly-report@20250501T010000Z"). The outbox's unique key
-// (queue, task id) makes every tick exactly once however many relays run the same
-// schedules: no leader is elected, and a relay that enqueues a tick another relay
-// enqueued already only meets a duplicate.
+// (queue, task id) makes every tick exactly once however many processes run the
+// same schedules, declared in Go or YAML: no leader is elected, and a process that
+// enqueues a tick another enqueued already only meets a duplicate.
 //
-// Each relay keeps, per schedule, the last tick enqueued in the table
-// delayq_schedules (migration 00005): it locks the schedule's row (FOR UPDATE SKIP
-// LOCKED: a row another relay holds is that relay's work this round), enqueues the
-// ticks up to now + Lookahead and advances the last tick in the same transaction.
-// Ticks that fell due while no relay ran are missed; Schedule.Missed says what
-// becomes of them: skipped (the default), or the most recent Schedule.CatchUp of
-// them are enqueued at once, in tick order.
+// Each runner keeps, per schedule, the last tick it evaluated in the table
+// delayq_schedules (migration 00005; 00018 adds the time zone and the last tick
+// actually enqueued, which `delayq schedules` and delayq.Client.Schedules show): it
+// locks the schedule's row (FOR UPDATE SKIP LOCKED: a row another process holds is
+// that process's work this round), enqueues the ticks up to now + Lookahead and
+// advances the last tick in the same transaction. Ticks that fell due while no
+// runner ran are missed; Schedule.Missed says what becomes of them: skipped (the
+// default), or the most recent Schedule.CatchUp of them are enqueued at once, in
+// tick order.
 //
 // A cron expression reads the wall clock of its time zone: a time that daylight
 // saving skips runs once, at the first instant after the gap; a time it repeats
-// runs once, at its first occurrence (wallclock.go). Intervals count absolute time.
+// runs once, at its first occurrence (internal/schedspec). Intervals count absolute
+// time.
 //
-// Times are the database's clock (now() in the relay's transaction), so relays with
-// skewed clocks agree; a tick's task runs at the tick's time by the Redis clock, as
+// Times are the database's clock (now() in the runner's transaction), so processes
+// with skewed clocks agree; a tick's task runs at the tick's time by the Redis clock, as
 // every delayq task does, never early. Time zones come from the binary's own copy
 // of the tz database (time/tzdata), so they work in the distroless image too.
 package schedule
@@ -28,15 +36,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
-	_ "time/tzdata" // zones work where the system has no tz database (distroless)
 
-	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/delayq/delayq/internal/schedspec"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -81,7 +87,8 @@ type Schedule struct {
 	// Every is a fixed interval (at least 1ms, whole ms): ticks are at the Unix
 	// epoch plus whole multiples of Every, so every relay computes the same ticks.
 	Every time.Duration
-	// Payload is each tick's payload, as is.
+	// Payload is each tick's payload, as is: for a typed queue, let For write
+	// it (a strict JSON handler refuses an empty payload, even of struct{}).
 	Payload []byte
 	// MaxAttempts of each tick's task; 0 means the outbox default.
 	MaxAttempts int
@@ -92,8 +99,9 @@ type Schedule struct {
 	CatchUp int
 }
 
-// Config is the schedules a relay runs and how it runs them. The zero value runs
-// none.
+// Config is the schedules a relay runs and how it runs them (a delayq client runs
+// the schedules declared on it with its Config.Relay's Lookahead and Grace, or the
+// defaults). The zero value runs none.
 type Config struct {
 	Schedules []Schedule
 	// Lookahead: ticks due within it are enqueued (the relay evaluates the
@@ -129,142 +137,67 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports whether c, with its defaults, is valid.
 func (c Config) Validate() error {
-	_, err := compile(c.WithDefaults())
-	return err
+	return compile(c.WithDefaults())
 }
 
 func bad(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// cronParser reads five fields, six with seconds, and descriptors.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-// compiled is a validated schedule with its tick function.
-type compiled struct {
-	Schedule
-	spec string
-	// next returns the first tick strictly after t (zero: none within five years).
-	next func(t time.Time) time.Time
-}
-
-func compile(c Config) ([]compiled, error) {
+func compile(c Config) error {
 	if c.Lookahead < time.Millisecond {
-		return nil, bad("Lookahead %v: at least 1ms", c.Lookahead)
+		return bad("Lookahead %v: at least 1ms", c.Lookahead)
 	}
 	if c.Grace < 0 {
-		return nil, bad("Grace %v: not negative", c.Grace)
+		return bad("Grace %v: not negative", c.Grace)
 	}
-	out := make([]compiled, 0, len(c.Schedules))
 	seen := map[string]bool{}
 	for _, s := range c.Schedules {
-		x, err := compileOne(s)
-		if err != nil {
-			return nil, err
+		if err := s.validate(); err != nil {
+			return err
 		}
 		if seen[s.Name] {
-			return nil, bad("schedule %q declared twice", s.Name)
+			return bad("schedule %q declared twice", s.Name)
 		}
 		seen[s.Name] = true
-		out = append(out, x)
 	}
-	return out, nil
+	return nil
 }
 
-func compileOne(s Schedule) (compiled, error) {
+// validate checks one schedule (its own fields; not the defaults of Config).
+func (s Schedule) validate() error {
 	if err := validate.Queue(s.Name); err != nil {
-		return compiled{}, bad("name %q: 1..64 bytes of [A-Za-z0-9_.-]", s.Name)
+		return bad("name %q: 1..64 bytes of [A-Za-z0-9_.-]", s.Name)
 	}
 	if err := validate.Queue(s.Queue); err != nil {
-		return compiled{}, bad("schedule %s: queue: %v", s.Name, err)
+		return bad("schedule %s: queue: %v", s.Name, err)
 	}
 	if len(s.Payload) > validate.DefaultMaxPayloadBytes {
-		return compiled{}, bad("schedule %s: payload %d bytes, at most %d", s.Name, len(s.Payload), validate.DefaultMaxPayloadBytes)
+		return bad("schedule %s: payload %d bytes, at most %d", s.Name, len(s.Payload), validate.DefaultMaxPayloadBytes)
 	}
 	if s.MaxAttempts < 0 || s.MaxAttempts > validate.MaxAttempts {
-		return compiled{}, bad("schedule %s: max attempts %d: 0..%d", s.Name, s.MaxAttempts, validate.MaxAttempts)
+		return bad("schedule %s: max attempts %d: 0..%d", s.Name, s.MaxAttempts, validate.MaxAttempts)
 	}
 	switch s.Missed {
 	case Skip, "":
 		if s.CatchUp != 0 {
-			return compiled{}, bad("schedule %s: catch-up %d with missed %q (set missed: catch-up)", s.Name, s.CatchUp, Skip)
+			return bad("schedule %s: catch-up %d with missed %q (set missed: catch-up)", s.Name, s.CatchUp, Skip)
 		}
 	case CatchUp:
 		if s.CatchUp < 0 || s.CatchUp > 1000 {
-			return compiled{}, bad("schedule %s: catch-up %d: 1..1000", s.Name, s.CatchUp)
+			return bad("schedule %s: catch-up %d: 1..1000", s.Name, s.CatchUp)
 		}
 	default:
-		return compiled{}, bad("schedule %s: missed %q: %q or %q", s.Name, s.Missed, Skip, CatchUp)
+		return bad("schedule %s: missed %q: %q or %q", s.Name, s.Missed, Skip, CatchUp)
 	}
-	x := compiled{Schedule: s}
-	switch {
-	case s.Cron != "" && s.Every != 0:
-		return compiled{}, bad("schedule %s: both cron and every; set one", s.Name)
-	case s.Every != 0:
-		if s.TimeZone != "" {
-			return compiled{}, bad("schedule %s: a time zone applies to cron only", s.Name)
-		}
-		if s.Every < time.Millisecond || s.Every%time.Millisecond != 0 {
-			return compiled{}, bad("schedule %s: every %v: a whole number of ms, at least 1ms", s.Name, s.Every)
-		}
-		every := s.Every.Milliseconds()
-		x.spec = "every " + s.Every.String()
-		x.next = func(t time.Time) time.Time {
-			ms := t.UnixMilli()
-			n := ms - mod(ms, every) + every
-			return time.UnixMilli(n).UTC()
-		}
-	case s.Cron != "":
-		if strings.HasPrefix(s.Cron, "TZ=") || strings.HasPrefix(s.Cron, "CRON_TZ=") {
-			return compiled{}, bad("schedule %s: give the zone as the time zone, not in the cron expression", s.Name)
-		}
-		loc := time.UTC
-		if s.TimeZone != "" {
-			var err error
-			if loc, err = time.LoadLocation(s.TimeZone); err != nil {
-				return compiled{}, bad("schedule %s: time zone %q: %v", s.Name, s.TimeZone, err)
-			}
-		}
-		cs, err := cronParser.Parse(s.Cron)
-		if err != nil {
-			return compiled{}, bad("schedule %s: cron %q: %v", s.Name, s.Cron, err)
-		}
-		x.spec = "cron " + s.Cron
-		if s.TimeZone != "" {
-			x.spec += " (" + s.TimeZone + ")"
-		}
-		if spec, ok := cs.(*cron.SpecSchedule); ok {
-			// Fields are matched on the zone's wall clock (wallclock.go): a copy
-			// that reads its times as given, in UTC.
-			wall := *spec
-			wall.Location = time.UTC
-			x.next = func(t time.Time) time.Time { return wallNext(&wall, loc, t) }
-			break
-		}
-		// @every: an interval, absolute time, whatever the zone.
-		x.next = func(t time.Time) time.Time {
-			n := cs.Next(t.In(loc))
-			if n.IsZero() {
-				return n
-			}
-			return n.UTC()
-		}
-	default:
-		return compiled{}, bad("schedule %s: neither cron nor every", s.Name)
+	if _, err := schedspec.Compile(s.Cron, s.TimeZone, s.Every); err != nil {
+		return bad("schedule %s: %v", s.Name, err)
 	}
 	// A tick's id must be a task id: name@time.
 	if err := validate.TaskID(TaskID(s, time.Date(2000, 1, 1, 0, 0, 0, 1e6, time.UTC))); err != nil {
-		return compiled{}, bad("schedule %s: %v", s.Name, err)
+		return bad("schedule %s: %v", s.Name, err)
 	}
-	return x, nil
-}
-
-func mod(a, b int64) int64 {
-	m := a % b
-	if m < 0 {
-		m += b
-	}
-	return m
+	return nil
 }
 
 // TaskID is the task id of the tick of s at tick: the name, "@", and the tick's
@@ -276,11 +209,19 @@ func TaskID(s Schedule, tick time.Time) string {
 }
 
 // ParseTaskID reads a tick's task id back into the schedule's name and the tick
-// time (a handler learns which tick it runs); ok is false for any other id.
+// time (a handler learns which tick it runs); ok is false for any other id. It
+// reads the id of a manual run of a schedule too (`delayq schedules run`, the
+// dashboard's run now: "nightly-report@run-20261205T012345Z-9f8e7d6c5b4a3921",
+// the name, "@run-", the time it was asked for and a nonce), with tick the time
+// it was asked for (to the second): a handler runs it as a tick of then, and
+// tells it from a tick by the "@run-" in its id.
 func ParseTaskID(id string) (name string, tick time.Time, ok bool) {
 	i := strings.LastIndexByte(id, '@')
 	if i < 1 {
 		return "", time.Time{}, false
+	}
+	if _, at, ok := schedspec.ParseRunID(id[i+1:]); ok {
+		return id[:i], at, true
 	}
 	for _, layout := range []string{"20060102T150405Z", "20060102T150405.000Z"} {
 		if t, err := time.Parse(layout, id[i+1:]); err == nil {
@@ -291,22 +232,17 @@ func ParseTaskID(id string) (name string, tick time.Time, ok bool) {
 }
 
 // Next returns the first tick of s strictly after t (zero when it has none within
-// five years), or an error when s is invalid.
+// five years), or an error when s is invalid: to check a schedule's ticks in a
+// test, across daylight saving say.
 func Next(s Schedule, t time.Time) (time.Time, error) {
-	x, err := compileOne(s)
-	if err != nil {
+	if err := s.validate(); err != nil {
 		return time.Time{}, err
 	}
-	return x.next(t), nil
-}
-
-// Spec describes s as the schedules table and `delayq schedules` show it.
-func Spec(s Schedule) (string, error) {
-	x, err := compileOne(s)
-	if err != nil {
-		return "", err
+	spec, err := schedspec.Compile(s.Cron, s.TimeZone, s.Every)
+	if err != nil { // validated: not reached
+		return time.Time{}, bad("schedule %s: %v", s.Name, err)
 	}
-	return x.spec, nil
+	return spec.Next(t), nil
 }
 
 // fileConfig is the file the relay reads (delayq relay --schedules FILE).
@@ -326,7 +262,8 @@ type fileConfig struct {
 	} `yaml:"schedules"`
 }
 
-// Parse reads a schedules file (YAML; unknown keys are errors):
+// Parse reads a schedules file, as the relay's sidecar takes it (`delayq relay
+// --schedules FILE`; YAML, unknown keys are errors):
 //
 //	lookahead: 10s            # optional, Config.Lookahead
 //	grace: 1m                 # optional, Config.Grace
@@ -358,19 +295,6 @@ func Parse(b []byte) (Config, error) {
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
-	}
-	return c, nil
-}
-
-// Load reads the schedules file at path (see Parse).
-func Load(path string) (Config, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("schedule: %w", err)
-	}
-	c, err := Parse(b)
-	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
 }

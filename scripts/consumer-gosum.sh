@@ -15,7 +15,7 @@ cd "$dir"
 export GOWORK=off GOFLAGS=-mod=mod
 
 go mod init example.com/consumer >/dev/null 2>&1
-pkgs=(outbox delayq relay schedule dashboard delayqtype migrations delayqtest)
+pkgs=(outbox delayq relay schedule dashboard delayqtype migrations delayqtest workflow)
 go mod edit -require=github.com/delayq/delayq@v0.0.0-00010101000000-000000000000 \
   -replace=github.com/delayq/delayq="$root"
 if [[ -n "${DELAYQ_CONSUMER_OTEL:-}" ]]; then

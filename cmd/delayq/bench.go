@@ -11,12 +11,16 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/internal/bench"
 	"github.com/delayq/delayq/internal/dispatch"
 )
 
 // benchSummary is bench's line in the command list.
+// maxSoakGroupCommit is delayq's bound on GroupCommit.MaxTasks (64: the
+// subtransactions Postgres keeps per transaction in shared memory), checked
+// here before connecting; the client checks it again.
+const maxSoakGroupCommit = 64
+
 const benchSummary = "run the benchmark workloads and print their figures"
 
 func runBench(ctx context.Context, m *Main, args []string) error {
@@ -44,7 +48,7 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 	fs.DurationVar(&soak.Retention, "soak-retention", 0, "soak: the relay's Retention, how long finished rows are kept (0: 5s)")
 	fs.DurationVar(&soak.RetentionInterval, "soak-retention-interval", 0, "soak: the relay's RetentionInterval (0: 1s)")
 	fs.IntVar(&soak.RetentionBatch, "soak-retention-batch", 0, "soak: the relay's RetentionBatch, rows a delete (0: the relay's default)")
-	fs.IntVar(&soak.GroupCommit, "soak-group-commit", 0, fmt.Sprintf("soak: commit up to this many runs a transaction, 256 slots (0: a commit a run, 32 slots; at most %d)", delayq.MaxGroupTasks))
+	fs.IntVar(&soak.GroupCommit, "soak-group-commit", 0, fmt.Sprintf("soak: commit up to this many runs a transaction, 256 slots (0: a commit a run, 32 slots; at most %d)", maxSoakGroupCommit))
 	soakOut := fs.String("soak-samples", "", "soak: append each sample to this file as a JSON line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (this process: relay, workers, producers) to this file")
 	if err := parse(fs, args); err != nil {
@@ -60,8 +64,8 @@ func runBench(ctx context.Context, m *Main, args []string) error {
 		return usagef("--relay-rate %d: want 0..20000", *relayRate)
 	}
 	if soak.Rate < 0 || soak.Duration < 0 || soak.SampleEvery < 0 || soak.Retention < 0 || soak.RetentionInterval < 0 ||
-		soak.RetentionBatch < 0 || soak.RetentionBatch > 100000 || soak.GroupCommit < 0 || soak.GroupCommit > delayq.MaxGroupTasks {
-		return usagef("--soak-* flags: want durations and counts >= 0, --soak-retention-batch <= 100000, --soak-group-commit <= %d", delayq.MaxGroupTasks)
+		soak.RetentionBatch < 0 || soak.RetentionBatch > 100000 || soak.GroupCommit < 0 || soak.GroupCommit > maxSoakGroupCommit {
+		return usagef("--soak-* flags: want durations and counts >= 0, --soak-retention-batch <= 100000, --soak-group-commit <= %d", maxSoakGroupCommit)
 	}
 	names := fs.Args()
 	if len(names) == 0 {

@@ -224,6 +224,25 @@ SELECT 'pay', 'o-' || i, now() - interval '1 minute', 'p', 5, 'queued', 1 FROM g
 	}
 }
 
+// TestDatabaseKeyCommands: --database-key (several outbox databases on one
+// Redis) names the database's keys, PREFIX:KEY, and nothing outside them.
+func TestDatabaseKeyCommands(t *testing.T) {
+	t.Parallel()
+	b := newCLIBundle(t)
+	eu, err := dispatch.New(b.rdb, dispatch.Config{Prefix: b.prefix + ":eu1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eu.Enqueue(context.Background(), "pay", dispatch.Task{ID: "orphan-eu1"}); err != nil {
+		t.Fatal(err)
+	}
+	b.run(t, "check", "--prefix", b.prefix, "--database-key", "eu1").want(t, exitFailure, "unknown_in_postgres", "orphan-eu1")
+	b.run(t, "check", "--prefix", b.prefix, "--database-key", "us1").want(t, exitOK, "consistent")
+	b.run(t, "check", "--prefix", b.prefix).want(t, exitOK, "consistent")
+	env := map[string]string{"DATABASE_URL": b.env["DATABASE_URL"], "REDIS_URL": b.env["REDIS_URL"], "DELAYQ_DATABASE_KEY": "eu1"}
+	cliRun(t, env, "check", "--prefix", b.prefix).want(t, exitFailure, "orphan-eu1")
+}
+
 func TestDeadCommands(t *testing.T) {
 	t.Parallel()
 	b := newCLIBundle(t)
@@ -274,18 +293,11 @@ SELECT 'pay', 'd-' || i, now(), 'p', 3, 'dead', 3, 'card declined
 	}
 }
 
-// TestBinary builds the command once and runs it as a process: exit codes, one-line
+// TestBinary runs the command built for the tests (cliBinary) as a process: exit codes, one-line
 // errors, help.
 func TestBinary(t *testing.T) {
 	t.Parallel()
-	goBin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "delayq")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := cliBinary(t)
 	runBin := func(t *testing.T, env map[string]string, args ...string) cliResult {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -332,16 +344,17 @@ func TestBinary(t *testing.T) {
 			has  string
 		}{
 			{[]string{"nope"}, "unknown command"},
-			{[]string{"reconcile", "--nope"}, "flag provided but not defined"},
-			{[]string{"reconcile", "--batch"}, "flag needs an argument"},
+			{[]string{"reconcile", "--nope"}, "unknown flag --nope"},
+			{[]string{"reconcile", "--batch"}, "flag --batch needs a value"},
 			{[]string{"reconcile", "extra"}, "unexpected argument"},
 			{[]string{"reconcile", "--queue", "a{b"}, "invalid queue name"},
 			{[]string{"reconcile", "--batch", "0"}, "--batch 0"},
 			{[]string{"reconcile", "--grace", "-5s"}, "Grace -5s"},
 			{[]string{"check", "--batch", "1001"}, "--batch 1001"},
 			{[]string{"reconcile", "--prefix", "a b"}, "--prefix"},
+			{[]string{"check", "--database-key", "EU:1"}, "--database-key: invalid database key"},
 			{[]string{"check", "--schema", "Bad-Schema"}, `Schema "Bad-Schema"`},
-			{[]string{"stats", "--json=maybe"}, "invalid boolean"},
+			{[]string{"stats", "--json=maybe"}, `--json "maybe": want true or false`},
 			{[]string{"dead"}, "want an action"},
 			{[]string{"dead", "bury"}, "unknown action"},
 			{[]string{"dead", "retry", "x"}, "needs --queue"},
@@ -441,6 +454,11 @@ func TestBinary(t *testing.T) {
 				t.Errorf("%s: stderr %q has %q", c.name, r.stderr, c.not)
 			}
 		}
+	})
+
+	t.Run("the line of each error", func(t *testing.T) {
+		t.Parallel()
+		testErrorLines(t, runBin)
 	})
 
 	t.Run("check exit code", func(t *testing.T) {

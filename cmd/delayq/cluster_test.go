@@ -4,7 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/delayq/delayq/delayqtype"
+	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/testenv"
 )
 
@@ -12,6 +15,9 @@ import (
 // commands talk to a Redis Cluster: enqueue, reconcile (which moves the task to
 // the cluster, as the relay would after a loss) and stats.
 func TestClusterURL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster: make test runs it, as it runs internal/clustertest")
+	}
 	t.Parallel()
 	rdb, cluster := testenv.RedisCluster(t)
 	prefix := testenv.ClusterPrefix(t, rdb)
@@ -39,5 +45,22 @@ func TestClusterURL(t *testing.T) {
 	out := run("stats", "--prefix", prefix, "--json")
 	if strings.Count(out, `"redis_ready": 1,`) != 4 {
 		t.Fatalf("stats on the cluster: want 4 queues with one ready task each:\n%s", out)
+	}
+	// The worker registry: a process's beat, listed, then its goodbye.
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dq.BeatWorker(context.Background(), delayqtype.Worker{ID: "c1", Host: "node-a", Queues: map[string]int{"alpha": 1}}, time.Minute, time.Minute); err != nil {
+		t.Fatalf("worker beat on the cluster: %v", err)
+	}
+	if out := run("workers", "--prefix", prefix); !strings.Contains(out, "node-a") {
+		t.Fatalf("workers on the cluster:\n%s", out)
+	}
+	if err := dq.ByeWorker(context.Background(), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if out := run("workers", "--prefix", prefix); !strings.Contains(out, "no workers") {
+		t.Fatalf("workers on the cluster after the goodbye:\n%s", out)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // connFlags are the connection flags most subcommands share.
@@ -18,6 +21,7 @@ type connFlags struct {
 	redisURL    string
 	schema      string
 	prefix      string
+	database    string // several outbox databases: this one's key (keys under prefix:database)
 }
 
 func (c *connFlags) register(fs *flagSet, m *Main, needDB, needRedis bool) {
@@ -30,8 +34,13 @@ func (c *connFlags) register(fs *flagSet, m *Main, needDB, needRedis bool) {
 		c.redisURL = m.Getenv("REDIS_URL")
 		fs.Var(urlFlag{&c.redisURL}, "redis-url", "Redis `URL`, redis:// or rediss:// (env REDIS_URL)")
 		fs.StringVar(&c.prefix, "prefix", "dq", "Redis key prefix")
+		fs.StringVar(&c.database, "database-key", m.Getenv("DELAYQ_DATABASE_KEY"),
+			"`KEY` of this outbox database when several feed one Redis: its keys are under PREFIX:KEY (env DELAYQ_DATABASE_KEY)")
 	}
 }
+
+// namespace is the key prefix of this database's tasks.
+func (c *connFlags) namespace() string { return dispatch.Namespace(c.prefix, c.database) }
 
 // checkURLs parses the URLs given, so that a malformed one is reported here, with
 // no password in the message, rather than by code further down that shows the
@@ -64,6 +73,11 @@ func (c *connFlags) checkPostgres() error {
 func (c *connFlags) checkRedis() error {
 	if c.redisURL == "" {
 		return usagef("no Redis URL: set REDIS_URL or --redis-url")
+	}
+	if c.database != "" {
+		if err := validate.Database(c.database); err != nil {
+			return usagef("--database-key: %v", err)
+		}
 	}
 	_, _, _, err := parseRedisURL(c.redisURL)
 	return err

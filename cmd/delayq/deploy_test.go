@@ -55,7 +55,9 @@ type k8sContainer struct {
 }
 
 type k8sObject struct {
-	file       string
+	file string    // relative to manifestDir
+	node yaml.Node // the whole document, for the kinds checked apart
+
 	APIVersion string  `yaml:"apiVersion"`
 	Kind       string  `yaml:"kind"`
 	Metadata   k8sMeta `yaml:"metadata"`
@@ -78,13 +80,19 @@ type k8sObject struct {
 
 const manifestDir = "../../deploy/kubernetes"
 
-// readManifests parses every YAML document under deploy/kubernetes.
+// readManifests parses every YAML document under deploy/kubernetes and its
+// subdirectories (autoscaling/).
 func readManifests(t *testing.T) []k8sObject {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s (%v)", manifestDir, err)
 	}
+	sub, err := filepath.Glob(filepath.Join(manifestDir, "*", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, sub...)
 	var objs []k8sObject
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -103,7 +111,8 @@ func readManifests(t *testing.T) []k8sObject {
 			if err := node.Decode(&o); err != nil {
 				t.Fatalf("%s: document %d: %v", f, i, err)
 			}
-			o.file = filepath.Base(f)
+			o.file, _ = filepath.Rel(manifestDir, f)
+			o.node = node
 			if o.APIVersion == "" || o.Kind == "" {
 				t.Errorf("%s: document %d has no apiVersion or kind", f, i)
 			}
@@ -201,7 +210,8 @@ func servedPaths(t *testing.T, paths ...string) map[string]int {
 // /healthz and readiness /readyz, paths the admin server answers 200 on (as it
 // does /metrics); the relay runs more than one replica under a
 // PodDisruptionBudget; every container has resources; a worker's grace period
-// outlasts its --shutdown-timeout; the kustomization lists files that exist.
+// outlasts its --shutdown-timeout; the kustomization lists files that exist;
+// KEDA's ScaledObjects read the relay's /forecast (checkScaledObjects).
 func TestKubernetesManifests(t *testing.T) {
 	t.Parallel()
 	objs := readManifests(t)
@@ -358,6 +368,7 @@ func TestKubernetesManifests(t *testing.T) {
 	if relays == 0 {
 		t.Error("no relay Deployment in the manifests")
 	}
+	checkScaledObjects(t, objs)
 
 	for _, o := range objs {
 		if o.Kind != "Kustomization" {
@@ -371,7 +382,7 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, r := range k.Resources {
-			if _, err := os.Stat(filepath.Join(manifestDir, r)); err != nil {
+			if _, err := os.Stat(filepath.Join(manifestDir, filepath.Dir(o.file), r)); err != nil {
 				t.Errorf("%s lists %s: %v", o.file, r, err)
 			}
 		}

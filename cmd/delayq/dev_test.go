@@ -35,14 +35,7 @@ func TestDevEnvNames(t *testing.T) {
 // without it nothing is left.
 func TestDevCommand(t *testing.T) {
 	t.Parallel()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "delayq")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := cliBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel) // after the parallel subtests
 	// dev's temporary directory is the test's own: other test binaries running

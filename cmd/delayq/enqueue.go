@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/delayq/delayq/internal/validate"
@@ -114,8 +115,9 @@ func runEnqueue(ctx context.Context, m *Main, args []string) error {
 	res, err := ob.Enqueue(ctx, pool, o.t)
 	if errors.Is(err, validate.ErrInvalidStartBy) {
 		// Refused by the statement: before now plus --delay on the database clock,
-		// or already past.
-		return usagef("--start-by: %v", err)
+		// or already past. The library's words after its field name.
+		_, why, _ := strings.Cut(err.Error(), validate.ErrInvalidStartBy.Error()+": ")
+		return usagef("--start-by %s; nothing enqueued", why)
 	}
 	if err != nil {
 		return err

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
+	"time"
 
 	"github.com/delayq/delayq/internal/validate"
 )
@@ -35,10 +37,31 @@ func newFlagSet(m *Main, name, synopsis, examples string) *flagSet {
 		fs.SetOutput(out)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
-		fmt.Fprintln(out, "\nEnvironment: DATABASE_URL, REDIS_URL (flags override them).")
+		fmt.Fprintln(out)
+		if env := envOf(fs); env != "" {
+			fmt.Fprintln(out, env)
+		}
 		fmt.Fprintln(out, "Exit codes: 0 ok, 1 failure, 2 usage error.")
 	}
 	return &flagSet{FlagSet: fs, help: help}
+}
+
+// envOf is the help's line on the environment a command reads: the variables
+// of the URL flags it has (none for dev, version).
+func envOf(fs *flag.FlagSet) string {
+	var vars []string
+	for _, f := range [][2]string{{"database-url", "DATABASE_URL"}, {"redis-url", "REDIS_URL"}} {
+		if fs.Lookup(f[0]) != nil {
+			vars = append(vars, f[1])
+		}
+	}
+	switch len(vars) {
+	case 0:
+		return ""
+	case 1:
+		return "Environment: " + vars[0] + " (its flag overrides it)."
+	}
+	return "Environment: " + strings.Join(vars, ", ") + " (flags override them)."
 }
 
 // parse parses args, turning flag errors into usage errors and --help into errHelp.
@@ -48,9 +71,52 @@ func parse(fs *flagSet, args []string) error {
 			fs.help()
 			return errHelp
 		}
-		return usagef("%v (see --help)", err)
+		return usagef("%s (see --help)", flagError(fs.FlagSet, err.Error()))
 	}
 	return nil
+}
+
+// flagErrors put the flag package's messages in the words of our help: flags
+// with two dashes, "unknown flag".
+var flagErrors = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`^flag provided but not defined: -+(.*)$`), "unknown flag --$1"},
+	{regexp.MustCompile(`^flag needs an argument: -+(.*)$`), "flag --$1 needs a value"},
+	{regexp.MustCompile(`^invalid boolean value (".*") for -+([^:]*): .*$`), "--$2 $1: want true or false"},
+	{regexp.MustCompile(`^invalid value (".*") for flag -+([^:]*): (.*)$`), "--$2 $1: $3"},
+}
+
+// flagError rewords msg, an error of fs.Parse; the bare "parse error" of a
+// number or a duration says what was wanted.
+func flagError(fs *flag.FlagSet, msg string) string {
+	for _, e := range flagErrors {
+		if !e.re.MatchString(msg) {
+			continue
+		}
+		msg = e.re.ReplaceAllString(msg, e.with)
+		name, _, _ := strings.Cut(strings.TrimPrefix(msg, "--"), " ")
+		if f := fs.Lookup(name); f != nil && strings.HasSuffix(msg, ": parse error") {
+			if g, ok := f.Value.(flag.Getter); ok {
+				msg = strings.TrimSuffix(msg, "parse error") + wanted(g.Get())
+			}
+		}
+		return msg
+	}
+	return msg
+}
+
+func wanted(v any) string {
+	switch v.(type) {
+	case time.Duration:
+		return "want a duration such as 90s, 5m or 1h30m"
+	case int, int64, uint, uint64:
+		return "want a whole number"
+	case float64:
+		return "want a number"
+	}
+	return "parse error"
 }
 
 // parseArgs parses flags and positional arguments in any order and checks that

@@ -13,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/sqlapi"
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
@@ -26,7 +29,8 @@ import (
 
 // TestLimitsAgree crosses every limit of a task (queue name, id, payload bytes,
 // attempts, error text: one set, in internal/validate) on every path: the library
-// (pgx, one task and many), database/sql, the CLI, then the relay and the Redis
+// (pgx, one task and many), database/sql, the SQL API's functions (one task and
+// many: their SQLSTATE stands for the same sentinel), the CLI, then the relay and the Redis
 // scripts. Whatever a producer path accepts, the relay moves and Redis holds, byte
 // for byte; whatever one refuses, every one refuses with the same sentinel and
 // writes nothing.
@@ -81,6 +85,8 @@ func TestLimitsAgree(t *testing.T) {
 			_, err := ob.EnqueueMany(ctx, b.pool, []outbox.Task{task})
 			return err
 		}},
+		{"fun", func(ob *outbox.Client, task outbox.Task) error { return viaSQL(ctx, b.pool, ob, task, false) }},
+		{"fnm", func(ob *outbox.Client, task outbox.Task) error { return viaSQL(ctx, b.pool, ob, task, true) }},
 		{"cli", nil},
 	}
 	type accepted struct {
@@ -211,4 +217,23 @@ func TestLimitsAgree(t *testing.T) {
 	if _, err := b.dq.Retry(ctx, a.queue, cl.Tasks[0].ID, cl.Tasks[0].Token, time.Second, stored); err != nil {
 		t.Errorf("Redis refuses the summary Postgres stored: %v", err)
 	}
+}
+
+// viaSQL enqueues task with the SQL API's functions (delayq_enqueue, or
+// delayq_enqueue_many when many) in a transaction whose delayq.max_payload_bytes is
+// ob's.
+func viaSQL(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Client, task outbox.Task, many bool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		limit := strconv.Itoa(ob.Config().MaxPayloadBytes)
+		if _, err := tx.Exec(ctx, `SELECT set_config('delayq.max_payload_bytes', $1, true)`, limit); err != nil {
+			return err
+		}
+		api := sqlapi.New("")
+		if many {
+			_, err := api.EnqueueMany(ctx, tx, []outbox.Task{task})
+			return err
+		}
+		_, err := api.Enqueue(ctx, tx, task)
+		return err
+	})
 }

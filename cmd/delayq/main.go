@@ -18,31 +18,51 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/notmigrated"
 	"github.com/redis/go-redis/v9"
 )
 
 func main() {
-	// go-redis logs every failed dial and reconnect to stderr by itself; the
-	// relay and workers report an outage once, on its state change, instead.
+	m := NewMain(os.Stdout, os.Stderr, os.Getenv)
+	// go-redis logs every failed dial to stderr by itself, several a second
+	// while Redis is down; routed instead to the log of the commands that run
+	// (relay, worker: a failed dial once per outage, the rest at DEBUG, and
+	// each part's own line when it loses Redis and when it is back), and
+	// dropped by the one-shot commands, whose error is their one line.
 	// (Process-wide, so it is set here, once, and not by the commands.)
-	redis.SetLogger(silentRedisLogger{})
+	redis.SetLogger(delayq.RedisLogger(slog.New(&m.goRedis)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := NewMain(os.Stdout, os.Stderr, os.Getenv).Run(ctx, os.Args[1:])
+	code := m.Run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
 
-// silentRedisLogger drops go-redis's internal log lines.
-type silentRedisLogger struct{}
+// lateHandler hands log records to the handler set last (the running
+// command's log), and drops them until one is set.
+type lateHandler struct{ to atomic.Pointer[slog.Handler] }
 
-func (silentRedisLogger) Printf(context.Context, string, ...any) {}
+func (h *lateHandler) set(to slog.Handler) { h.to.Store(&to) }
+
+func (h *lateHandler) get() slog.Handler {
+	if p := h.to.Load(); p != nil {
+		return *p
+	}
+	return slog.DiscardHandler
+}
+
+func (h *lateHandler) Enabled(ctx context.Context, l slog.Level) bool  { return h.get().Enabled(ctx, l) }
+func (h *lateHandler) Handle(ctx context.Context, r slog.Record) error { return h.get().Handle(ctx, r) }
+func (h *lateHandler) WithAttrs(as []slog.Attr) slog.Handler           { return h.get().WithAttrs(as) }
+func (h *lateHandler) WithGroup(name string) slog.Handler              { return h.get().WithGroup(name) }
 
 // devTag is the build tag of the development build: bench, and throwaway servers
 // for demo and bench (bench.go, servers.go; their stand-ins are *_stub.go).
@@ -60,6 +80,9 @@ const (
 type Main struct {
 	Stdout, Stderr io.Writer
 	Getenv         func(string) string
+	// goRedis takes go-redis's lines (main routes them here) to the log of
+	// the command that makes one (newLogger).
+	goRedis lateHandler
 }
 
 // NewMain returns a Main writing to the given streams.
@@ -97,7 +120,9 @@ func commands() map[string]command {
 		"cancel":     {"cancel a pending or queued task", runCancel},
 		"reschedule": {"move a pending or queued task to a new run time", runReschedule},
 		"queue":      {"pause, resume, rate-limit or shard a queue; list the queues' controls", runQueue},
-		"schedules":  {"list periodic tasks (relay --schedules): their last and next ticks", runSchedules},
+		"schedules":  {"list periodic tasks (relay --schedules, or declared in Go): their last and next ticks; pause, resume, run one now", runSchedules},
+		"task":       {"show one task's row and its attempt history (errors, a panic's stack)", runTask},
+		"workers":    {"list the worker processes (host, pid, version, queues) and the tasks each is running", runWorkers},
 	}
 }
 
@@ -129,6 +154,12 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 		return exitUsage
 	}
 	err := cmd.run(ctx, m, args[1:])
+	// The line names the action of the commands that have them: "delayq dead
+	// retry: ...".
+	name := args[0]
+	if (name == "dead" || name == "queue" || name == "schedules") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		name += " " + args[1]
+	}
 	var uerr *usageError
 	switch {
 	case err == nil:
@@ -136,22 +167,13 @@ func (m *Main) Run(ctx context.Context, args []string) int {
 	case errors.Is(err, errHelp):
 		return exitOK
 	case errors.As(err, &uerr):
-		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", args[0], oneLine(err.Error()))
+		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", name, oneLine(err.Error()))
 		return exitUsage
 	default:
-		fmt.Fprintf(m.Stderr, "delayq %s: %s%s\n", args[0], oneLine(err.Error()), migrationHint(err))
+		// A missing table reads the same from every command, ending with the fix.
+		fmt.Fprintf(m.Stderr, "delayq %s: %s\n", name, oneLine(notmigrated.Classify(err).Error()))
 		return exitFailure
 	}
-}
-
-// migrationHint is the fix for an error that says one of the outbox's tables is
-// missing: the migrations have not run on this database (or schema).
-func migrationHint(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "delayq_") { // undefined_table
-		return " (run the migrations: delayq migrate up)"
-	}
-	return ""
 }
 
 func (m *Main) usage(cmds map[string]command) {

@@ -20,6 +20,7 @@ Actions:
   resume QUEUE        let workers claim from QUEUE again (sleeping workers wake at once)
   limit QUEUE RATE    cap QUEUE's starts across all workers: N/PERIOD, or none
   shards QUEUE N      split QUEUE's Redis keys into N shards (1..64); only while it is empty
+  keys QUEUE          cap the runs of one concurrency key at once, and throttle its starts
   list                every queue ever paused, limited or sharded, in Postgres and in Redis
 
 Examples:
@@ -29,6 +30,7 @@ Examples:
   delayq queue limit mail 6000/1m --burst 50
   delayq queue limit payment none
   delayq queue shards payment 8
+  delayq queue keys mail --concurrency 2 --throttle 10/1m
   delayq queue list --json
 
 A pause is written to PostgreSQL (the table delayq_queues, the truth) and then to
@@ -46,7 +48,7 @@ Run 'delayq queue <action> --help' for the flags of each.
 
 func runQueue(ctx context.Context, m *Main, args []string) error {
 	if len(args) == 0 {
-		return usagef("want an action: pause, resume, limit, shards or list (see --help)")
+		return usagef("want an action: pause, resume, limit, shards, keys or list (see --help)")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -60,10 +62,12 @@ func runQueue(ctx context.Context, m *Main, args []string) error {
 		return runQueueLimit(ctx, m, args[1:])
 	case "shards":
 		return runQueueShards(ctx, m, args[1:])
+	case "keys":
+		return runQueueKeys(ctx, m, args[1:])
 	case "list":
 		return runQueueList(ctx, m, args[1:])
 	}
-	return usagef("unknown action %q: want pause, resume, limit, shards or list", args[0])
+	return usagef("unknown action %q: want pause, resume, limit, shards, keys or list", args[0])
 }
 
 // queueOptions is what 'delayq queue ACTION' was asked.
@@ -129,6 +133,41 @@ func runQueueLimit(ctx context.Context, m *Main, args []string) error {
 	return o.change(ctx, m, func(c *delayq.Client, ctx context.Context, queue string) (delayqtype.QueueControl, error) {
 		return c.SetRateLimit(ctx, queue, o.rate)
 	}, o.queue+" rate limit "+o.rate.String())
+}
+
+const queueKeysHelp = `  delayq queue keys mail --concurrency 1
+  delayq queue keys api --concurrency 4 --throttle 100/1m
+  delayq queue keys mail --concurrency 0 --throttle none
+
+Limits per concurrency key (outbox.Task.ConcurrencyKey: a tenant, an account),
+across every worker: --concurrency N lets at most N tasks of one key run at once
+(1 is one at a time per key; 0 none), --throttle N/PERIOD at most N of one key
+start in any PERIOD (none lifts it). Tasks without a key are not limited. A task
+whose key is at a limit waits apart until its key may start again; the other
+keys' tasks run meanwhile. Both limits are set together: a flag left out is 0
+(none). Written to PostgreSQL (delayq_queues, the truth) and then to Redis.
+`
+
+// runQueueKeys sets the limits per concurrency key through the client.
+func runQueueKeys(ctx context.Context, m *Main, args []string) error {
+	var o queueOptions
+	fs := newFlagSet(m, "queue keys", "queue keys [flags] QUEUE", queueKeysHelp)
+	concurrency := fs.Int("concurrency", 0, "runs of one key at once (0: no cap, 1.."+fmt.Sprint(validate.MaxKeyConcurrency)+")")
+	throttle := fs.String("throttle", "none", "starts of one key per window: N/PERIOD (10/1m, 5/1s), or none")
+	if err := o.parse(fs, m, args, 1); err != nil {
+		return err
+	}
+	t, err := parseRate(*throttle)
+	if err != nil {
+		return usagef("--throttle: %v", err)
+	}
+	if err := validate.KeyLimits(*concurrency, t.Limit, t.Period); err != nil {
+		return usagef("%v", err)
+	}
+	what := fmt.Sprintf("%s keys: concurrency %d, throttle %s", o.queue, *concurrency, cmp.Or(rateText(t), "none"))
+	return o.change(ctx, m, func(c *delayq.Client, ctx context.Context, queue string) (delayqtype.QueueControl, error) {
+		return c.SetKeyLimits(ctx, queue, *concurrency, t.Limit, t.Period)
+	}, what)
 }
 
 const queueShardsHelp = `  delayq queue shards payment 8
@@ -226,6 +265,10 @@ type queueRow struct {
 	Version        int64  `json:"version"`
 	RedisVersion   int64  `json:"redis_version"`
 	UpdatedAt      string `json:"updated_at"`
+	// KeyConcurrency and KeyThrottle ("N/PERIOD") are the limits per
+	// concurrency key (0, "": none).
+	KeyConcurrency int    `json:"key_concurrency,omitempty"`
+	KeyThrottle    string `json:"key_throttle,omitempty"`
 }
 
 // rateText is "100/1s", or "" for no limit.
@@ -265,7 +308,8 @@ func runQueueList(ctx context.Context, m *Main, args []string) error {
 		row := queueRow{Queue: c.Queue, Paused: c.Paused, RedisPaused: rc.Paused, Version: c.Version, RedisVersion: rv,
 			RateLimit: rateText(c.Rate), RedisRateLimit: rateText(rc.Rate),
 			Shards: c.Shards, RedisShards: max(1, rc.Shards),
-			UpdatedAt: c.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z")}
+			UpdatedAt:      c.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"),
+			KeyConcurrency: c.KeyConcurrency, KeyThrottle: rateText(validate.RateLimit{Limit: c.KeyThrottle, Period: c.KeyWindow})}
 		if c.Rate.Limit > 0 {
 			row.RateBurst = c.Rate.Burst
 		}

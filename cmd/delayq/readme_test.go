@@ -92,7 +92,7 @@ func TestREADMECommands(t *testing.T) {
 	getenv := func(k string) string { return env[k] }
 	for _, args := range cmds {
 		switch args[0] {
-		case "migrate", "reconcile", "check", "stats", "dead", "enqueue", "reschedule", "cancel", "relay", "dev":
+		case "migrate", "reconcile", "check", "stats", "dead", "enqueue", "reschedule", "cancel", "relay", "dev", "workers", "task", "queue":
 		default:
 			t.Fatalf("README shows `delayq %s`, which this test does not know how to run", strings.Join(args, " "))
 		}

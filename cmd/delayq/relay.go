@@ -2,14 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/delayq/delayq/internal/forecast"
 	"github.com/delayq/delayq/internal/sidecar"
 	"github.com/delayq/delayq/internal/ui"
 	"github.com/delayq/delayq/relay"
-	"github.com/delayq/delayq/schedule"
 )
 
 // relayOptions is what 'delayq relay' was asked: the flags, and the library's
@@ -22,9 +24,12 @@ type relayOptions struct {
 	batch, repairRate                   int
 	queues, schedules                   string
 	pollOnly, withUI, uiReadOnly        bool
+	forecastInterval                    time.Duration
+	forecastParams                      forecast.Params
 
-	relay relay.Config
-	ui    ui.Config // with withUI
+	relay    relay.Config
+	ui       ui.Config       // with withUI
+	forecast forecast.Config // with forecastInterval > 0 and an admin server
 }
 
 func (o *relayOptions) parse(m *Main, args []string) error {
@@ -34,7 +39,8 @@ func (o *relayOptions) parse(m *Main, args []string) error {
 			"  delayq relay --queues payment,mail          # only these queues (one relay per group)\n"+
 			"  delayq relay --schedules schedules.yaml     # also enqueue periodic tasks (see delayq schedules --help)\n"+
 			"  delayq relay --poll-only --poll-interval 1s # behind PgBouncer in transaction mode (no LISTEN)\n"+
-			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq relay --ui   # the dashboard too, on http://127.0.0.1:9090/ui/\n")
+			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq relay --ui   # the dashboard too, on http://127.0.0.1:9090/ui/\n"+
+			"  delayq relay --listen :9090 --forecast-handling-time 2s --forecast-concurrency 8  # KEDA: GET /forecast?queue=reports\n")
 	o.conn.register(fs, m, true, true)
 	def := relay.Config{}.WithDefaults() // the flags' defaults are the library's
 	fs.DurationVar(&o.horizon, "horizon", def.Horizon, "move rows due within this time to Redis; later ones wait in PostgreSQL")
@@ -49,6 +55,10 @@ func (o *relayOptions) parse(m *Main, args []string) error {
 	fs.DurationVar(&o.repairPause, "repair-pause", def.RepairPause, "pause between two self-healing passes")
 	fs.BoolVar(&o.withUI, "ui", false, "also serve the dashboard under /ui/ on the --listen address; its actions need "+uiTokenEnv+" or "+uiBasicEnv+" (or --ui-read-only)")
 	fs.BoolVar(&o.uiReadOnly, "ui-read-only", false, "with --ui: serve the dashboard without any action")
+	fs.DurationVar(&o.forecastInterval, "forecast-interval", forecast.DefaultInterval, "how often the autoscaling forecast (tasks due per minute for the next hour, the backlog) is read for /forecast and the delayq_forecast_* metrics; 0 turns it off")
+	fs.DurationVar(&o.forecastParams.Lead, "forecast-lead", forecast.DefaultLead, "recommended workers: sized for the busiest minute this far ahead (1m..60m)")
+	fs.DurationVar(&o.forecastParams.Handling, "forecast-handling-time", forecast.DefaultHandling, "recommended workers: mean time a worker spends on a task (1ms..1h)")
+	fs.IntVar(&o.forecastParams.Concurrency, "forecast-concurrency", forecast.DefaultConcurrency, "recommended workers: tasks one worker runs at once (delayq worker --concurrency)")
 	fs.StringVar(&o.schedules, "schedules", "", "YAML `file` of periodic tasks to enqueue, each tick once across relays (see delayq schedules --help)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -84,7 +94,7 @@ func (o *relayOptions) validate() error {
 	}
 	if o.schedules != "" {
 		var err error
-		if o.relay.Schedules, err = schedule.Load(o.schedules); err != nil {
+		if o.relay.Schedules, err = loadSchedules(o.schedules); err != nil {
 			return usagef("--schedules: %v", err)
 		}
 	}
@@ -106,6 +116,27 @@ func (o *relayOptions) validate() error {
 	}
 	if err := o.relay.Validate(); err != nil {
 		return usagef("%s", libraryMessage(err, relay.ErrInvalidConfig))
+	}
+	return o.validateForecast()
+}
+
+// validateForecast checks the forecast's flags (each by its name) and builds its
+// config.
+func (o *relayOptions) validateForecast() error {
+	p := o.forecastParams
+	switch {
+	case o.forecastInterval < 0 || o.forecastInterval > 0 && o.forecastInterval < time.Second:
+		return usagef("--forecast-interval %v: at least 1s, or 0 for off", o.forecastInterval)
+	case p.Lead < time.Minute || p.Lead > forecast.Minutes*time.Minute:
+		return usagef("--forecast-lead %v: 1m..60m", p.Lead)
+	case p.Handling < time.Millisecond || p.Handling > forecast.MaxHandling:
+		return usagef("--forecast-handling-time %v: 1ms..1h", p.Handling)
+	case p.Concurrency < 1 || p.Concurrency > forecast.MaxConcurrency:
+		return usagef("--forecast-concurrency %d: 1..%d", p.Concurrency, forecast.MaxConcurrency)
+	}
+	o.forecast = forecast.Config{Schema: o.relay.Schema, Queues: o.relay.Queues, Interval: o.forecastInterval, Params: p}
+	if err := o.forecast.Validate(); err != nil {
+		return usagef("%s", libraryMessage(err, forecast.ErrInvalidConfig))
 	}
 	return nil
 }
@@ -147,6 +178,7 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 	defer deps.close()
 	cfg := o.relay
 	cfg.Logger, cfg.Registerer = logger, deps.reg
+	cfg.Prefix, cfg.Database = o.conn.prefix, o.conn.database
 	rl, err := relay.New(deps.pool, deps.dq.AsRedis(), cfg)
 	if err != nil {
 		return err
@@ -178,16 +210,36 @@ func runRelay(ctx context.Context, m *Main, args []string) error {
 			return usagef("--ui: %s", libraryMessage(err, ui.ErrInvalidConfig))
 		}
 	}
-	admin, err := deps.startAdminUI(o.listen, logger, dash, consistency)
+	// The forecast serves /forecast and its metrics from the admin server: with
+	// none, nobody reads it and it does not run.
+	var fc *forecast.Forecaster
+	endpoints := map[string]http.Handler{}
+	if o.forecastInterval > 0 && o.listen != "" {
+		fcfg := o.forecast
+		fcfg.Logger, fcfg.Registerer = logger, deps.registerer(o.conn.database)
+		if fc, err = forecast.New(deps.pool, deps.dq, fcfg); err != nil {
+			return err
+		}
+		endpoints[forecast.Path] = fc.Handler()
+	}
+	admin, err := deps.startAdminWith(o.listen, logger, dash, endpoints, consistency)
 	if err != nil {
 		return err
 	}
 	eff := rl.Config()
 	logger.Info("relay: started",
 		"database", redactURL(o.conn.databaseURL), "redis", redactURL(o.conn.redisURL),
-		"schema", eff.Schema, "prefix", o.conn.prefix, "queues", queuesOrAll(eff.Queues),
-		"horizon", eff.Horizon.String(), "batch", eff.BatchSize, "admin", adminAddr(admin))
-	if err := stopAdmin(ctx, admin, rl.Run(ctx)); err != nil {
+		"schema", eff.Schema, "prefix", o.conn.namespace(), "queues", queuesOrAll(eff.Queues),
+		"horizon", eff.Horizon.String(), "batch", eff.BatchSize, "admin", adminAddr(admin), "forecast", forecastState(fc))
+	runCtx, stop := context.WithCancel(ctx)
+	var forecasting sync.WaitGroup
+	if fc != nil {
+		forecasting.Go(func() { _ = fc.Run(runCtx) }) // returns nil when runCtx ends
+	}
+	runErr := rl.Run(runCtx)
+	stop()
+	forecasting.Wait()
+	if err := stopAdmin(ctx, admin, runErr); err != nil {
 		return err
 	}
 	logger.Info("relay: stopped")
@@ -207,4 +259,13 @@ func queuesOrAll(qs []string) string {
 		return "all"
 	}
 	return strings.Join(qs, ",")
+}
+
+// forecastState is the start line's word on the forecast.
+func forecastState(fc *forecast.Forecaster) string {
+	if fc == nil {
+		return "off"
+	}
+	c := fc.Config()
+	return fmt.Sprintf("every %v, lead %v, handling %v, concurrency %d", c.Interval, c.Params.Lead, c.Params.Handling, c.Params.Concurrency)
 }

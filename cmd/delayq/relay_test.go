@@ -159,9 +159,16 @@ func TestRelayCommandRuns(t *testing.T) {
 		!strings.HasSuffix(body, "\npostgres: ok\nredis: ok\n") {
 		t.Errorf("/readyz: %d %q", code, body)
 	}
-	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, `delayq_relay_rows_total{result="added"} 1`) ||
-		!strings.Contains(body, "go_goroutines") {
-		t.Errorf("/metrics: %d, lacks the relay or Go metrics:\n%s", code, body)
+	// The relay counts a round's rows after its commit, which the row's state
+	// shows first: wait for the count.
+	var code int
+	var body string
+	relayWaitFor(t, 10*time.Second, func() bool {
+		code, body = get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, `delayq_relay_rows_total{result="added"} 1`)
+	})
+	if !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics: %d, lacks the Go metrics:\n%s", code, body)
 	}
 
 	cancel() // what SIGTERM does through main's signal-aware context

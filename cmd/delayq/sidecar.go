@@ -47,6 +47,16 @@ type sidecarDeps struct {
 	reg  *prometheus.Registry
 }
 
+// registerer is where a command's own collectors go: the registry, with the
+// label database=<key> when the command serves one of several databases (the
+// library's parts add it to theirs).
+func (s *sidecarDeps) registerer(database string) prometheus.Registerer {
+	if database == "" {
+		return s.reg
+	}
+	return prometheus.WrapRegistererWith(prometheus.Labels{"database": database}, s.reg)
+}
+
 func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*sidecarDeps, error) {
 	pool, err := c.openPostgres(ctx)
 	if err != nil {
@@ -57,7 +67,7 @@ func (c *connFlags) openSidecar(ctx context.Context, logger *slog.Logger) (*side
 		pool.Close()
 		return nil, err
 	}
-	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: c.prefix, Logger: logger})
+	dq, err := dispatch.New(rdb, dispatch.Config{Prefix: c.namespace(), Logger: logger})
 	if err != nil {
 		pool.Close()
 		_ = rdb.Close()
@@ -77,15 +87,22 @@ func (s *sidecarDeps) startAdmin(listen string, logger *slog.Logger, extra ...si
 // startAdminUI is startAdmin that also serves the dashboard ui (nil: none) under
 // sidecar.UIPath.
 func (s *sidecarDeps) startAdminUI(listen string, logger *slog.Logger, ui http.Handler, extra ...sidecar.Check) (*sidecar.Server, error) {
+	return s.startAdminWith(listen, logger, ui, nil, extra...)
+}
+
+// startAdminWith is startAdminUI that also serves endpoints (GET routes by
+// path: the relay's /forecast).
+func (s *sidecarDeps) startAdminWith(listen string, logger *slog.Logger, ui http.Handler, endpoints map[string]http.Handler, extra ...sidecar.Check) (*sidecar.Server, error) {
 	if listen == "" {
 		return nil, nil
 	}
 	return sidecar.Start(sidecar.Config{
-		Addr:     listen,
-		Gatherer: s.reg,
-		Checks:   append([]sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)}, extra...),
-		Logger:   logger,
-		UI:       ui,
+		Addr:      listen,
+		Gatherer:  s.reg,
+		Checks:    append([]sidecar.Check{sidecar.PostgresCheck(s.pool), sidecar.RedisCheck(s.rdb)}, extra...),
+		Logger:    logger,
+		UI:        ui,
+		Endpoints: endpoints,
 	})
 }
 
@@ -122,11 +139,15 @@ func newLogger(m *Main, format, level string) (*slog.Logger, error) {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(m.Stderr, opts)), nil
+		h = slog.NewTextHandler(m.Stderr, opts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(m.Stderr, opts)), nil
+		h = slog.NewJSONHandler(m.Stderr, opts)
+	default:
+		return nil, usagef("--log-format %q: want text or json", format)
 	}
-	return nil, usagef("--log-format %q: want text or json", format)
+	m.goRedis.set(h) // go-redis's lines, from now on (main)
+	return slog.New(h), nil
 }

@@ -70,15 +70,15 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 		return nil
 	}
 	paused := pausedQueues(ctx, s.client) // queue.go
-	tw := newTable(m.Stdout, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
+	tw := newTable(m.Stdout, "QUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tWAITING\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
 	for _, s := range st {
 		p := s.Postgres
 		mark := ""
 		if s.Estimated {
 			mark = "~"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s%d\t%d\t%s%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
-			p[delayqtype.StatePending], p[delayqtype.StateQueued], mark, p[delayqtype.StateDone], p[delayqtype.StateDead], mark, p[delayqtype.StateCancelled],
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s%d\t%d\t%s%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Queue,
+			p[delayqtype.StatePending], p[delayqtype.StateQueued], mark, p[delayqtype.StateDone], p[delayqtype.StateDead], mark, p[delayqtype.StateCancelled], p[delayqtype.StateWaiting],
 			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead, s.Overdue,
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}

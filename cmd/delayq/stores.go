@@ -64,8 +64,8 @@ func (c *connFlags) openStores(ctx context.Context, needRedis bool) (*stores, er
 	}
 	s := &stores{pool: pool, rdb: rdb}
 	prefix := cmp.Or(c.prefix, dispatch.DefaultPrefix)
-	if s.client, err = delayq.New(pool, rdb, delayq.Config{Schema: c.schema, Prefix: prefix}); err == nil && needRedis {
-		s.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: prefix})
+	if s.client, err = delayq.New(pool, rdb, delayq.Config{Schema: c.schema, Prefix: prefix, Database: c.database}); err == nil && needRedis {
+		s.dq, err = dispatch.New(rdb, dispatch.Config{Prefix: dispatch.Namespace(prefix, c.database)})
 	}
 	if err != nil {
 		s.close()

@@ -94,7 +94,7 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	schema, prefix := conn.schema, conn.prefix
+	schema, prefix := conn.schema, conn.namespace()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	var wg sync.WaitGroup

@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/delayq/delayq/delayq"
+	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/validate"
 )
 
@@ -38,6 +41,7 @@ type workerOptions struct {
 	lease, heartbeat, shutdown     time.Duration
 	backoffBase, backoffMax        time.Duration
 	clearPayload, strict           bool
+	transactional                  bool
 
 	queues []string
 	worker delayq.WorkerConfig
@@ -52,14 +56,24 @@ func (o *workerOptions) parse(m *Main, args []string) error {
 			"\n"+
 			"Runs COMMAND with /bin/sh -c once per task: the payload on standard input, and in\n"+
 			"the environment DELAYQ_QUEUE, DELAYQ_TASK_ID, DELAYQ_IDEMPOTENCY_KEY (queue/id),\n"+
-			"DELAYQ_ATTEMPT, DELAYQ_MAX_ATTEMPTS and DELAYQ_DUE (RFC 3339). Exit status 0: the\n"+
-			"task is done. Any other: it failed and is retried after the backoff, or is dead\n"+
-			"after its last attempt (or at once with --dead-exit-code); the end of its output\n"+
-			"is kept as the task's last error. A command may run more than once for a task\n"+
+			"DELAYQ_VERSION, DELAYQ_ATTEMPT, DELAYQ_MAX_ATTEMPTS, DELAYQ_DUE (RFC 3339) and\n"+
+			"DELAYQ_RETRY_AFTER_FILE. Exit status 0: the task is done. Any other: it failed and\n"+
+			"is retried after the backoff (or after the delay the command wrote to\n"+
+			"$DELAYQ_RETRY_AFTER_FILE: seconds or a duration such as 1m30s), or is dead after\n"+
+			"its last attempt (or at once with --dead-exit-code); the end of its output is\n"+
+			"kept as the task's last error. A command may run more than once for a task\n"+
 			"(at-least-once): pass DELAYQ_IDEMPOTENCY_KEY on to the systems it calls. When\n"+
 			"the lease is lost or the shutdown timeout passes, the command gets SIGTERM, then\n"+
-			"SIGKILL after 10s. Handlers that write to PostgreSQL exactly once are Go code: see\n"+
-			"package delayq/worker.\n"+
+			"SIGKILL after 10s.\n"+
+			"\n"+
+			"  delayq worker --queue orders --exec 'python3 worker.py' --transactional\n"+
+			"\n"+
+			"With --transactional the command's own PostgreSQL writes happen exactly once: it\n"+
+			"gets DELAYQ_DATABASE_URL and DELAYQ_SCHEMA too, and calls\n"+
+			"delayq_complete($DELAYQ_QUEUE, $DELAYQ_TASK_ID, $DELAYQ_VERSION) in the\n"+
+			"transaction of its writes, which commits them only if this run's version is\n"+
+			"still to do. Exit status 0 without that completion retries the task.\n"+
+			"docs/worker-protocol.md has the whole protocol.\n"+
 			"\n"+
 			"  delayq worker --queue critical,default,low --weights critical=6,default=3,low=1 --exec ./run.sh\n"+
 			"\n"+
@@ -79,6 +93,7 @@ func (o *workerOptions) parse(m *Main, args []string) error {
 	fs.DurationVar(&o.backoffMax, "backoff-max", time.Hour, "longest retry delay")
 	fs.IntVar(&o.dead, "dead-exit-code", 0, "exit status (1..255) that makes the task dead at once, without retry (default: none)")
 	fs.BoolVar(&o.clearPayload, "clear-payload", false, "empty the payload in PostgreSQL when a task is done")
+	fs.BoolVar(&o.transactional, "transactional", false, "the command completes each task itself, with delayq_complete in the transaction of its own writes (given DELAYQ_DATABASE_URL)")
 	o.sidecarFlags.register(fs, DefaultWorkerAddr, "address of /metrics, /healthz and /readyz (empty for none)")
 	fs.StringVar(&o.weights, "weights", "", "NAME=WEIGHT,... for every --queue (weights 1..1000): the queues share --concurrency slots by weight (default: each queue its own --concurrency)")
 	fs.BoolVar(&o.strict, "strict", false, "with --weights: strict priority, the highest weight with tasks due first")
@@ -114,6 +129,10 @@ func (o *workerOptions) validate() error {
 	var err error
 	if o.group, err = parseWeights(o.weights, o.strict, o.queues, o.concurrency); err != nil {
 		return err
+	}
+	if o.transactional && o.clearPayload {
+		// The command's delayq_complete writes the done row, not the worker.
+		return usagef("--clear-payload with --transactional: set delayq.clear_payload_on_done for the command's role instead (ALTER ROLE ... SET delayq.clear_payload_on_done = on)")
 	}
 	if o.dead < 0 || o.dead > 255 {
 		return usagef("--dead-exit-code %d: 1..255, or 0 for none", o.dead)
@@ -158,12 +177,26 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	defer deps.close()
 	client, err := delayq.New(deps.pool, deps.rdb, delayq.Config{
-		Schema: o.conn.schema, Prefix: o.conn.prefix, Logger: logger, Registerer: deps.reg, Worker: o.worker,
+		Schema: o.conn.schema, Prefix: o.conn.prefix, Database: o.conn.database, Logger: logger, Registerer: deps.reg, Worker: o.worker,
 	})
 	if err != nil {
 		return usagef("%s", libraryMessage(err, delayq.ErrInvalidConfig))
 	}
-	h := execHandler{command: o.command, deadExit: o.dead}
+	// A read-only file system (no TMPDIR) costs the commands their retry delay only.
+	retryDir, err := os.MkdirTemp("", "delayq-worker-")
+	if err != nil {
+		logger.Warn("worker: no directory for DELAYQ_RETRY_AFTER_FILE: failed commands are retried after the backoff", "err", err)
+		retryDir = ""
+	} else {
+		defer os.RemoveAll(retryDir)
+	}
+	h := &execHandler{command: o.command, deadExit: o.dead, retryDir: retryDir}
+	if o.transactional {
+		h.tx = &execTx{
+			databaseURL: o.conn.databaseURL, schema: o.conn.schema, pool: deps.pool,
+			store: taskstate.New(taskstate.Config{Schema: o.conn.schema}),
+		}
+	}
 	for _, q := range o.queues {
 		if err := client.Handle(q, h.handle, o.queue); err != nil {
 			return usagef("%v", err)
@@ -180,8 +213,8 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 	}
 	logger.Info("worker: starting",
 		"database", redactURL(o.conn.databaseURL), "redis", redactURL(o.conn.redisURL),
-		"schema", o.conn.schema, "prefix", o.conn.prefix, "queues", strings.Join(o.queues, ","),
-		"concurrency", o.concurrency, "weights", o.weights, "strict", o.strict, "lease", client.Config().Worker.Lease.String(), "admin", adminAddr(admin))
+		"schema", o.conn.schema, "prefix", o.conn.namespace(), "queues", strings.Join(o.queues, ","),
+		"concurrency", o.concurrency, "weights", o.weights, "strict", o.strict, "transactional", o.transactional, "lease", client.Config().Worker.Lease.String(), "admin", adminAddr(admin))
 	return stopAdmin(ctx, admin, client.Run(ctx))
 }
 
@@ -189,10 +222,15 @@ func runWorker(ctx context.Context, m *Main, args []string) error {
 type execHandler struct {
 	command  string
 	deadExit int
+	// retryDir holds the runs' DELAYQ_RETRY_AFTER_FILE, named by seq.
+	retryDir string
+	seq      atomic.Uint64
+	tx       *execTx // with --transactional
 }
 
 // taskEnviron is the worker's environment without the servers' URLs (and the
-// passwords in them): a task's command has no business with delayq's stores.
+// passwords in them): a task's command has no business with delayq's stores
+// (but for DELAYQ_DATABASE_URL with --transactional).
 func taskEnviron() []string {
 	env := os.Environ()
 	out := env[:0:0]
@@ -204,7 +242,7 @@ func taskEnviron() []string {
 	return out
 }
 
-func (h execHandler) handle(ctx context.Context, t *delayq.Task) error {
+func (h *execHandler) handle(ctx context.Context, t *delayq.Task) error {
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", h.command)
 	cmd.Stdin = bytes.NewReader(t.Payload)
 	out := &tailBuffer{max: 4 << 10}
@@ -213,14 +251,27 @@ func (h execHandler) handle(ctx context.Context, t *delayq.Task) error {
 		"DELAYQ_QUEUE="+t.Queue,
 		"DELAYQ_TASK_ID="+t.ID,
 		"DELAYQ_IDEMPOTENCY_KEY="+t.IdempotencyKey(),
+		"DELAYQ_VERSION="+strconv.Itoa(t.Version),
 		"DELAYQ_ATTEMPT="+strconv.Itoa(t.Attempt),
 		"DELAYQ_MAX_ATTEMPTS="+strconv.Itoa(t.MaxAttempts),
 		"DELAYQ_DUE="+t.Due.UTC().Format(time.RFC3339Nano),
 	)
+	var retryFile string
+	if h.retryDir != "" {
+		retryFile = filepath.Join(h.retryDir, strconv.FormatUint(h.seq.Add(1), 10))
+		defer os.Remove(retryFile)
+		cmd.Env = append(cmd.Env, "DELAYQ_RETRY_AFTER_FILE="+retryFile)
+	}
+	if h.tx != nil {
+		cmd.Env = append(cmd.Env, "DELAYQ_DATABASE_URL="+h.tx.databaseURL, "DELAYQ_SCHEMA="+h.tx.schema)
+	}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = execKillDelay
 	err := cmd.Run()
 	if err == nil {
+		if h.tx != nil {
+			return h.tx.completed(ctx, t)
+		}
 		return nil
 	}
 	if ctx.Err() != nil {
@@ -233,6 +284,16 @@ func (h execHandler) handle(ctx context.Context, t *delayq.Task) error {
 	var exitErr *exec.ExitError
 	if h.deadExit != 0 && errors.As(err, &exitErr) && exitErr.ExitCode() == h.deadExit {
 		return delayq.NoRetry(errors.New(msg))
+	}
+	if retryFile == "" {
+		return errors.New(msg)
+	}
+	d, bad := readRetryAfter(retryFile)
+	if bad != "" {
+		msg += " (DELAYQ_RETRY_AFTER_FILE: " + bad + ": the backoff applies)"
+	}
+	if d > 0 {
+		return delayq.RetryAfter(d, errors.New(msg))
 	}
 	return errors.New(msg)
 }

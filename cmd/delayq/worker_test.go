@@ -53,7 +53,7 @@ func TestWorkerCommandUsage(t *testing.T) {
 	}
 	for _, want := range []string{"-exec", "-queue", "-concurrency", "-lease", "-heartbeat", "-dead-exit-code", "-max-attempts",
 		"-backoff-base", "-backoff-max", "-shutdown-timeout", "-clear-payload", "-listen", "DELAYQ_TASK_ID", "standard input", "at-least-once",
-		"-weights", "-strict"} {
+		"-weights", "-strict", "-transactional", "DELAYQ_RETRY_AFTER_FILE", "delayq_complete"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %s", want)
 		}
@@ -74,6 +74,7 @@ func TestWorkerCommandUsage(t *testing.T) {
 		{[]string{"--exec", "true", "--queue", "q", "--dead-exit-code", "300"}, "--dead-exit-code"},
 		{[]string{"--exec", "true", "--queue", "q", "extra"}, "unexpected argument"},
 		{[]string{"--exec", "true", "--queue", "q", "--strict"}, "--strict needs --weights"},
+		{[]string{"--exec", "true", "--queue", "q", "--transactional", "--clear-payload"}, "delayq.clear_payload_on_done"},
 		{[]string{"--exec", "true", "--queue", "a,b", "--weights", "a=2"}, `no weight for queue "b"`},
 		{[]string{"--exec", "true", "--queue", "a", "--weights", "a=2,b=1"}, "not in --queue"},
 		{[]string{"--exec", "true", "--queue", "a", "--weights", "a"}, "NAME=WEIGHT"},

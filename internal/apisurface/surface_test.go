@@ -19,8 +19,16 @@ import (
 
 // maxExported is the ratchet: the count of exported declarations in the root
 // module's public packages may not grow above it. Lower it whenever the count
-// drops; the target is 250 (issue 30).
+// drops; the target is 250 (issue 30): a name added must make room.
 const maxExported = 250
+
+// featureBudgets are the packages of the features built on the client (issues
+// 33 to 36: workflows, fairness, the SQL API, several databases), each with a
+// limit of its own, counted apart from the core's maxExported: the core (the
+// client, the outbox, the relay and what they return) keeps issue 30's target,
+// and a feature's surface is judged by what the feature needs. A package here
+// that is not found fails the test, as one found above its budget does.
+var featureBudgets = map[string]int{"workflow": 27}
 
 // modulePath is the root module's import path: an alias whose target's import
 // path starts with modulePath + "/internal/" names an internal type.
@@ -72,9 +80,19 @@ func TestExportedSurface(t *testing.T) {
 	var problems []problem
 	for _, dir := range sortedKeys(pkgs) {
 		s := pkgs[dir]
+		problems = append(problems, s.problems...)
+		if budget, ok := featureBudgets[dir]; ok {
+			t.Logf("%s (a feature package, not in the total): %d of its budget %d", dir, s.count, budget)
+			if s.count > budget {
+				t.Errorf("feature package %s has %d exported declarations, above its budget %d", dir, s.count, budget)
+			}
+			if os.Getenv("DELAYQ_API_LIST") != "" {
+				t.Logf("%s: %s", dir, strings.Join(s.names, " "))
+			}
+			continue
+		}
 		total += s.count
 		lines = append(lines, fmt.Sprintf("%-12s %4d", dir, s.count))
-		problems = append(problems, s.problems...)
 		if os.Getenv("DELAYQ_API_LIST") != "" {
 			t.Logf("%s: %s", dir, strings.Join(s.names, " "))
 		}
@@ -85,6 +103,11 @@ func TestExportedSurface(t *testing.T) {
 	// apart, not against the limit.
 	if otel := publicPackages(t, filepath.Join(root, "delayqotel")); len(otel) > 0 {
 		t.Logf("delayqotel (its own module, not in the total): %d", otel["."].count)
+	}
+	for dir := range featureBudgets {
+		if pkgs[dir] == nil {
+			t.Errorf("featureBudgets lists %s, which is not a public package: delete the entry", dir)
+		}
 	}
 	if total > maxExported {
 		t.Errorf("%d exported declarations, above the limit %d: unexport what only the module uses, move it under internal/, or drop it\n%s", total, maxExported, report)

@@ -102,11 +102,14 @@ func Workloads() []string {
 	for n := range reg {
 		names = append(names, n)
 	}
-	order := map[string]int{"enqueue-tx": 0, "enqueue-tx-soon": 1, "enqueue-tx-soon-each": 2, "enqueue-tx-held": 3,
-		"enqueue-tx-held-off": 4, "enqueue-batch": 5, "relay": 6, "drain-tx": 7, "drain-tx-write": 8, "drain-tx-group": 9,
-		"drain-tx-write-group": 10, "drain-plain": 11, "lateness": 12, "lateness-steady": 13, "memory": 14, "recovery": 15,
-		"redis-loss": 16, "redis-loss-restart": 17, "redis-loss-failover": 18, "sharded": 19, "idle": 20, "rate-limit": 21,
-		"priority": 22, "bounds": 23, "prune": 24, "soak": 25}
+	order := make(map[string]int)
+	for i, n := range []string{"enqueue-tx", "enqueue-tx-soon", "enqueue-tx-soon-each", "enqueue-tx-held",
+		"enqueue-tx-held-off", "enqueue-batch", "enqueue-tx-sql", "enqueue-tx-soon-sql", "enqueue-batch-sql",
+		"relay", "drain-tx", "drain-tx-write", "drain-tx-group", "drain-tx-write-group", "drain-plain",
+		"lateness", "lateness-steady", "memory", "recovery", "redis-loss", "redis-loss-restart",
+		"redis-loss-failover", "sharded", "idle", "rate-limit", "priority", "workflow", "bounds", "prune", "soak"} {
+		order[n] = i
+	}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
 	return names
 }

@@ -20,6 +20,9 @@ func registry() map[string]workload {
 		"enqueue-tx-held":      {"12 bursts of a notifying commit, then 32 transactions that each enqueue a task due in 2 s and stay open 0-2 s; traffic stops after each: lag commit→Redis, default outbox and relay", enqueueTxHeld(true)},
 		"enqueue-tx-held-off":  {"enqueue-tx-held with migration 00015's late-commit trigger disabled: the stranding before it (run only by name)", enqueueTxHeld(false)},
 		"enqueue-batch":        {"100,000 tasks due in 1 h with EnqueueMany, batches of 10,000", enqueueBatch},
+		"enqueue-tx-sql":       {"enqueue-tx through the SQL API (delayq_enqueue)", enqueueTxSQL(time.Hour)},
+		"enqueue-tx-soon-sql":  {"enqueue-tx-soon through the SQL API (delayq_enqueue, its cooldown shared by the sessions)", enqueueTxSQL(10 * time.Second)},
+		"enqueue-batch-sql":    {"enqueue-batch through the SQL API (delayq_enqueue_many)", enqueueBatchSQL},
 		"relay":                {"100,000 pending rows due now moved to Redis; lag commit→Redis under 2,000 tasks/s for 10 s after 1 s of warm-up (--relay-rate)", relayBench},
 		"drain-tx":             {"20,000 tasks due now, 32 slots, no-op transactional handler", drain(drainTx, false)},
 		"drain-tx-write":       {"20,000 tasks due now, 32 slots, transactional handler inserting one row", drain(drainTxWrite, false)},
@@ -40,6 +43,7 @@ func registry() map[string]workload {
 		"rate-limit":           {"a queue limited to 200 starts/s and an unlimited one, both backlogged, 4 workers: the observed rate over 60 s, the other queue's drain", rateLimit},
 		"priority":             {"three queues weighted 6:3:1 in one priority group, a backlog in each, 2 workers of 16 slots: each queue's share of the first 10,000 starts; then one queue, 10,000 due tasks of priorities 9, 4, 0 mixed: each priority's share of its starts", priority},
 		"bounds":               {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
+		"workflow":             {"10,000 plain tasks against a batch of 10,000 children with a callback (two rounds each, 32 slots, no-op transactional handlers); 200 batches of 10 for the callback's lateness; a chain of 1,000 (issue 33)", workflowBench},
 	}
 }
 
@@ -58,21 +62,27 @@ func enqueueTx(delay, cooldown time.Duration) func(ctx context.Context, s *sessi
 		if cooldown < 0 {
 			r.Params["notify_cooldown"] = "-1 (every commit)"
 		}
-		count, err := s.countNotifications(ctx, s.schema)
-		if err != nil {
-			return err
-		}
-		err = enqueueTxRun(ctx, s, r, ob, delay)
-		notified, cerr := count()
-		if err != nil {
-			return err
-		}
-		if cerr != nil {
-			return cerr
-		}
-		r.add("notifications", float64(notified), "notifications")
-		return nil
+		return withNotifications(ctx, s, r, func() error { return enqueueTxRun(ctx, s, r, ob.Enqueue, delay) })
 	}
+}
+
+// withNotifications runs run while counting the notifications on the session's
+// channel, and adds their count to r.
+func withNotifications(ctx context.Context, s *session, r *Result, run func() error) error {
+	count, err := s.countNotifications(ctx, s.schema)
+	if err != nil {
+		return err
+	}
+	err = run()
+	notified, cerr := count()
+	if err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	r.add("notifications", float64(notified), "notifications")
+	return nil
 }
 
 // countNotifications LISTENs on channel on a connection of its own; count sends a
@@ -108,7 +118,11 @@ func (s *session) countNotifications(ctx context.Context, channel string) (count
 	}, nil
 }
 
-func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client, delay time.Duration) error {
+// enqueueFunc is an enqueue in the caller's transaction: outbox.Client's, or the
+// SQL API's (sqlapi.Client's).
+type enqueueFunc func(ctx context.Context, q outbox.Querier, t outbox.Task) (outbox.Result, error)
+
+func enqueueTxRun(ctx context.Context, s *session, r *Result, enqueue enqueueFunc, delay time.Duration) error {
 	n, producers := s.n(20_000), 8
 	r.Params["tasks"], r.Params["producers"] = n, producers
 	var next atomic.Int64
@@ -124,7 +138,7 @@ func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client,
 			if err != nil {
 				return err
 			}
-			res, err := ob.Enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", i),
+			res, err := enqueue(ctx, tx, outbox.Task{Queue: "bench", ID: fmt.Sprintf("task-%d", i),
 				Payload: payload20, Delay: delay})
 			if err != nil {
 				_ = tx.Rollback(ctx)
@@ -149,6 +163,12 @@ func enqueueTxRun(ctx context.Context, s *session, r *Result, ob *outbox.Client,
 }
 
 func enqueueBatch(ctx context.Context, s *session, r *Result) error {
+	return enqueueBatchRun(ctx, s, r, s.ob.EnqueueMany)
+}
+
+func enqueueBatchRun(ctx context.Context, s *session, r *Result,
+	enqueueMany func(ctx context.Context, q outbox.Querier, tasks []outbox.Task) (outbox.ManyResult, error),
+) error {
 	n, batch := s.n(100_000), 10_000
 	r.Params["tasks"], r.Params["batch"] = n, batch
 	tasks := make([]outbox.Task, 0, batch)
@@ -162,7 +182,7 @@ func enqueueBatch(ctx context.Context, s *session, r *Result) error {
 		if err != nil {
 			return err
 		}
-		if _, err := s.ob.EnqueueMany(ctx, tx, tasks); err != nil {
+		if _, err := enqueueMany(ctx, tx, tasks); err != nil {
 			_ = tx.Rollback(ctx)
 			return err
 		}

@@ -176,6 +176,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	)
 	handler := func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		late := t.ClaimedAt.Sub(t.Due)
+		if t.Resumed.After(t.Due) {
+			late = t.ClaimedAt.Sub(t.Resumed)
+		}
 		if late < 0 {
 			early.Add(1)
 		}

@@ -97,7 +97,7 @@ func (c *Client) ProbeRouted(ctx context.Context, queue string, shards int, ids 
 	}
 	out := make([]Probe, len(ids))
 	err = c.perShard(ctx, s, l, ids,
-		func(k Keys) []string { return []string{k.Ready, k.Active, k.Dead, k.TaskPrefix} },
+		func(k Keys) []string { return []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.KeyPrefix} },
 		func(v any, ids []string, pos []int) error {
 			t, ps, err := parseProbe(v, ids)
 			if err != nil {
@@ -307,14 +307,14 @@ func (c *Client) repairShard(ctx context.Context, s *redis.Script, queue string,
 			args = append(args, r.Op.String(), r.ID, r.Fingerprint)
 			switch r.Op {
 			case RepairKill:
-				args = append(args, "", r.Error, "", "", "", "", "", "")
+				args = append(args, "", r.Error, "", "", "", "", "", "", "")
 			case RepairRemove, RepairExpire:
-				args = append(args, "", "", "", "", "", "", "", "")
+				args = append(args, "", "", "", "", "", "", "", "", "")
 			default:
 				args = c.appendTask(args, r.Task)
 			}
 		}
-		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control}, args...)
+		v, err := c.run(ctx, s, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control, k.KeyPrefix}, args...)
 		if err != nil {
 			return out, fmt.Errorf("delayq: repair %s: %w", queue, err)
 		}

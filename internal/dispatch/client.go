@@ -34,6 +34,7 @@ const (
 type scripts struct {
 	enqueue, claim, extend, complete, retry, kill, release,
 	reap, remove, stats, inspect *redis.Script
+	workerBeat, workerBye, workers *redis.Script
 }
 
 func loadScripts() (scripts, error) {
@@ -46,6 +47,7 @@ func loadScripts() (scripts, error) {
 		{"complete", &s.complete}, {"retry", &s.retry}, {"kill", &s.kill},
 		{"release", &s.release}, {"reap", &s.reap},
 		{"remove", &s.remove}, {"stats", &s.stats}, {"inspect", &s.inspect},
+		{"workerbeat", &s.workerBeat}, {"workerbye", &s.workerBye}, {"workers", &s.workers},
 	} {
 		src, err := scriptSource(x.name)
 		if err != nil {
@@ -166,6 +168,8 @@ func (c *Client) checkTask(t Task, maxPayload int) error {
 		return fmt.Errorf("%w: %q: StartBy %v out of range", ErrInvalidTask, t.ID, t.StartBy)
 	case validate.Priority(t.Priority) != nil:
 		return fmt.Errorf("%w: %q: %w", ErrInvalidTask, t.ID, validate.Priority(t.Priority))
+	case validate.ConcurrencyKey(t.Key) != nil:
+		return fmt.Errorf("%w: %q: %w", ErrInvalidTask, t.ID, validate.ConcurrencyKey(t.Key))
 	}
 	return nil
 }
@@ -229,7 +233,7 @@ func (c *Client) claim(ctx context.Context, queue string, l []Keys, max int, lea
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	base := hex.EncodeToString(b[:])
 	claimKeys := func(k Keys) []string {
-		return []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority}
+		return []string{k.Ready, k.Active, k.TaskPrefix, k.Control, k.History, k.Priority, k.KeyPrefix}
 	}
 	if len(l) == 1 {
 		v, err := c.run(ctx, c.s.claim, claimKeys(l[0]), max, ms(lease), base)
@@ -348,7 +352,7 @@ func (c *Client) ExtendMany(ctx context.Context, queue string, leases []Lease, l
 	if len(leases) == 0 {
 		return nil, nil
 	}
-	return c.runLeases(ctx, c.s.extend, "extend", queue, func(k Keys) []string { return []string{k.Active, k.TaskPrefix} }, ms(lease), leases, parseExtend)
+	return c.runLeases(ctx, c.s.extend, "extend", queue, func(k Keys) []string { return []string{k.Active, k.TaskPrefix} }, []any{ms(lease)}, leases, parseExtend)
 }
 
 // checkLeases validates leases for a batch script: each with a valid id and token.
@@ -368,7 +372,7 @@ func checkLeases(leases []Lease) error {
 // per shard the leases' tokens name and maxComplete of them, all in one pipelined
 // round trip; each call takes first then the id, token pairs. It returns what
 // parse reads of each reply: one bool per lease, in the order of leases.
-func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue string, keys func(Keys) []string, first any,
+func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue string, keys func(Keys) []string, first []any,
 	leases []Lease, parse func(dst []bool, v any, n int) ([]bool, error)) ([]bool, error) {
 	type group struct {
 		k   Keys
@@ -392,8 +396,8 @@ func (c *Client) runLeases(ctx context.Context, s *redis.Script, op, queue strin
 	for _, g := range groups {
 		for start := 0; start < len(g.pos); start += maxComplete {
 			part := g.pos[start:min(start+maxComplete, len(g.pos))]
-			args := make([]any, 0, 1+2*len(part))
-			args = append(args, first)
+			args := make([]any, 0, len(first)+2*len(part))
+			args = append(args, first...)
 			for _, i := range part {
 				args = append(args, leases[i].ID, leases[i].Token)
 			}
@@ -471,7 +475,12 @@ func (c *Client) CompleteMany(ctx context.Context, queue string, leases []Lease)
 	if c.cfg.DoneRetention > 0 {
 		ret = ms(c.cfg.DoneRetention)
 	}
-	return c.runLeases(ctx, c.s.complete, "complete", queue, func(k Keys) []string { return []string{k.Active, k.TaskPrefix, k.History} }, ret, leases,
+	// The queue's one wake channel (every shard's): a completion that lets a task
+	// parked for its concurrency key back into ready wakes the workers.
+	wake := c.cfg.Prefix + ":{" + queue + "}:wake"
+	return c.runLeases(ctx, c.s.complete, "complete", queue, func(k Keys) []string {
+		return []string{k.Active, k.TaskPrefix, k.History, k.Ready, k.Priority, k.Control, k.KeyPrefix}
+	}, []any{ret, wake}, leases,
 		func(dst []bool, v any, n int) ([]bool, error) { return appendApplied(dst, v, "complete", n) })
 }
 
@@ -487,7 +496,7 @@ func (c *Client) Retry(ctx context.Context, queue, id, token string, delay time.
 	if delay <= 0 || ms(delay) > maxMS {
 		return false, fmt.Errorf("%w: retry delay %v: must be positive", ErrInvalidArgument, delay)
 	}
-	v, err := c.run(ctx, c.s.retry, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
+	v, err := c.run(ctx, c.s.retry, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control, k.KeyPrefix},
 		k.Wake, id, token, ms(delay), cutError(lastErr))
 	if err != nil {
 		return false, fmt.Errorf("delayq: retry %s/%s: %w", queue, id, err)
@@ -509,7 +518,8 @@ func (c *Client) Kill(ctx context.Context, queue, id, token, lastErr string) err
 	if err != nil {
 		return err
 	}
-	v, err := c.run(ctx, c.s.kill, []string{k.Active, k.Dead, k.TaskPrefix}, id, token, cutError(lastErr))
+	v, err := c.run(ctx, c.s.kill, []string{k.Active, k.Dead, k.TaskPrefix, k.Ready, k.Priority, k.Control, k.KeyPrefix},
+		id, token, cutError(lastErr), k.Wake)
 	if err != nil {
 		return fmt.Errorf("delayq: kill %s/%s: %w", queue, id, err)
 	}
@@ -540,7 +550,7 @@ func (c *Client) ReleaseAfter(ctx context.Context, queue, id, token string, dela
 	if delay < 0 || ms(delay) > maxMS {
 		return fmt.Errorf("%w: release delay %v: must not be negative", ErrInvalidArgument, delay)
 	}
-	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix, k.Priority, k.Control}, k.Wake, id, token, ms(delay))
+	v, err := c.run(ctx, c.s.release, []string{k.Ready, k.Active, k.TaskPrefix, k.Priority, k.Control, k.KeyPrefix}, k.Wake, id, token, ms(delay))
 	if err != nil {
 		return fmt.Errorf("delayq: release %s/%s: %w", queue, id, err)
 	}
@@ -572,7 +582,7 @@ func (c *Client) Reap(ctx context.Context, queue string, limit int) (ReapResult,
 	calls := make([]scriptCall, len(l))
 	for i, k := range l {
 		calls[i] = scriptCall{
-			keys: []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control},
+			keys: []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control, k.KeyPrefix},
 			args: []any{k.Wake, limit, ms(c.cfg.ReapBackoffBase), ms(c.cfg.ReapBackoffMax), mrand.IntN(1_000_000), ms(ExhaustedHold)},
 		}
 	}
@@ -607,7 +617,7 @@ func (c *Client) Remove(ctx context.Context, queue, id string) (removed bool, er
 	if err != nil {
 		return false, err
 	}
-	v, err := c.run(ctx, c.s.remove, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority}, id)
+	v, err := c.run(ctx, c.s.remove, []string{k.Ready, k.Active, k.Dead, k.TaskPrefix, k.Priority, k.Control, k.KeyPrefix}, id)
 	if err != nil {
 		return false, fmt.Errorf("delayq: remove %s/%s: %w", queue, id, err)
 	}

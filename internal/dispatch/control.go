@@ -33,6 +33,12 @@ type Controls struct {
 	// claims take from every shard. In a write, 0 keeps the count Redis holds;
 	// Controls reports 0 for a queue of one shard.
 	Shards int
+	// KeyConcurrency caps the runs of one concurrency key at once (0: none);
+	// KeyThrottle caps the starts of one key in any KeyWindow (0: none). The
+	// claim script parks a task whose key may not start now (claim.lua).
+	KeyConcurrency int
+	KeyThrottle    int
+	KeyWindow      time.Duration
 }
 
 // SetControls writes Redis's copy of a queue's controls, and nothing else: use
@@ -62,6 +68,13 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	}
 	rate := ctl.Rate.WithDefaults()
 	if err := rate.Validate(); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	window := ctl.KeyWindow
+	if ctl.KeyThrottle == 0 {
+		window = time.Second // no throttle: the window is a placeholder
+	}
+	if err := validate.KeyLimits(ctl.KeyConcurrency, ctl.KeyThrottle, window); err != nil {
 		return false, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	s, err := adminScript("ctl")
@@ -95,8 +108,9 @@ func (c *Client) SetControls(ctx context.Context, queue string, version int64, c
 	}
 	calls := make([]scriptCall, len(layout))
 	for i, k := range layout {
-		calls[i] = scriptCall{keys: []string{k.Control},
-			args: []any{k.Wake, version, p, rate.Limit, ms(rate.Period), rate.Burst, n}}
+		calls[i] = scriptCall{keys: []string{k.Control, k.Ready, k.Priority, k.TaskPrefix, k.KeyPrefix},
+			args: []any{k.Wake, version, p, rate.Limit, ms(rate.Period), rate.Burst, n,
+				ctl.KeyConcurrency, ctl.KeyThrottle, ms(window)}}
 	}
 	for _, r := range c.each(ctx, s, calls) {
 		if r.err != nil {
@@ -122,7 +136,7 @@ func (c *Client) Controls(ctx context.Context, queue string) (ctl Controls, vers
 	if err != nil {
 		return Controls{}, 0, err
 	}
-	v, err := c.rdb.HMGet(ctx, k.Control, "v", "p", "r", "w", "b", "n").Result()
+	v, err := c.rdb.HMGet(ctx, k.Control, "v", "p", "r", "w", "b", "n", "kc", "kn", "kw").Result()
 	if err != nil {
 		return Controls{}, 0, fmt.Errorf("delayq: controls %s: %w", queue, err)
 	}
@@ -138,6 +152,10 @@ func (c *Client) Controls(ctx context.Context, queue string) (ctl Controls, vers
 	}
 	if r := num(v, 2); r > 0 {
 		ctl.Rate = RateLimit{Limit: int(r), Period: time.Duration(num(v, 3)) * time.Millisecond, Burst: int(num(v, 4))}
+	}
+	ctl.KeyConcurrency = int(num(v, 6))
+	if ctl.KeyThrottle = int(num(v, 7)); ctl.KeyThrottle > 0 {
+		ctl.KeyWindow = time.Duration(num(v, 8)) * time.Millisecond
 	}
 	version = num(v, 0)
 	if n == 1 {

@@ -15,6 +15,10 @@
 //	<prefix>:{<queue>}:t:<id>      HASH the task, also the dedupe record
 //	<prefix>:{<queue>}:wake        pub/sub channel for Waiter
 //
+// The worker process registry (workers.go) has a hash tag of its own, which no queue
+// name can form: <prefix>:{:workers}:index (ZSET) and <prefix>:{:workers}:p:<id>
+// (HASH, one per process, expiring unless beaten).
+//
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"), so
 // "redis-cli ZRANGE dq:{payment}:ready -inf 1700000000 BYSCORE" reads naturally.
 // Tasks with the same score come out in lexicographic order of their ids: there is

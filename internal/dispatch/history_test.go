@@ -146,3 +146,50 @@ func TestHistory(t *testing.T) {
 		t.Error("bad queue accepted")
 	}
 }
+
+// Paused time is no worker's lateness: a task that fell due while its queue was
+// paused is late from the resume, one due after it from its due time.
+func TestLatenessExcludesPausedTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := ctxT(t)
+	now := redisNow(t, b.rdb)
+	if _, err := b.c.SetControls(ctx, "q", 1, Controls{Paused: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, Task{ID: "due-an-hour-ago", RunAt: now.Add(-time.Hour)})
+	if cl := b.claim(t, 10, time.Minute); len(cl.Tasks) != 0 {
+		t.Fatalf("claimed %d from a paused queue", len(cl.Tasks))
+	}
+	if _, err := b.c.SetControls(ctx, "q", 2, Controls{}); err != nil {
+		t.Fatal(err)
+	}
+	// A resume that is not one (paused already false) keeps the resume time.
+	if _, err := b.c.SetControls(ctx, "q", 3, Controls{}); err != nil {
+		t.Fatal(err)
+	}
+	cl := b.claim(t, 10, time.Minute)
+	if len(cl.Tasks) != 1 {
+		t.Fatalf("claimed %d after the resume", len(cl.Tasks))
+	}
+	// The claimed task carries the resume, for the worker's lateness metric.
+	if r := cl.Tasks[0].Resumed; !r.After(cl.Tasks[0].Due) || cl.Now.Sub(r) > 5*time.Second {
+		t.Errorf("Resumed = %v, want the resume (due %v, claimed %v)", r, cl.Tasks[0].Due, cl.Now)
+	}
+	// A task due after the resume is late from its due time.
+	b.enqueue(t, Task{ID: "due-now", RunAt: redisNow(t, b.rdb)})
+	if cl := b.claim(t, 10, time.Minute); len(cl.Tasks) != 1 || !cl.Tasks[0].Resumed.IsZero() {
+		t.Errorf("a task due after the resume: %+v", cl.Tasks)
+	}
+	hist, err := b.c.History(ctx, time.Now().Add(time.Second), 5, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all Histogram
+	for i := range hist["q"] {
+		all.Merge(&hist["q"][i].Lateness)
+	}
+	if p, ok := all.Quantile(1); !ok || p > 5*time.Second {
+		t.Errorf("lateness of a task due an hour before the resume: %v (%v), want from the resume", p, ok)
+	}
+}

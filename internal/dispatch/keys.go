@@ -5,6 +5,23 @@ import "github.com/delayq/delayq/internal/validate"
 // DefaultPrefix is the key prefix used when Config.Prefix is empty.
 const DefaultPrefix = "dq"
 
+// Namespace is the key prefix of one outbox database's tasks: prefix (or
+// DefaultPrefix) alone for a deployment of one database, prefix + ":" +
+// database when several feed one Redis (docs/DESIGN.md, "Several databases").
+// Each database's queues, tasks, controls and epoch marks are keys of their own,
+// so a task id is unique per (database, queue, id) and the scripts are unchanged.
+// An empty prefix stays empty without a database: the default, or a bound
+// client's own prefix, applies.
+func Namespace(prefix, database string) string {
+	if database == "" {
+		return prefix
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return prefix + ":" + database
+}
+
 // Keys names the Redis keys of one queue. All of them carry the queue as a hash tag
 // ("{queue}"), so they map to one Cluster slot and every script touches one slot.
 // With prefix "dq" and queue "payment":
@@ -16,6 +33,7 @@ const DefaultPrefix = "dq"
 //	dq:{payment}:t:<id>         HASH  the task (see TaskKey)
 //	dq:{payment}:ctl            HASH  the queue's controls: paused (ctl.lua)
 //	dq:{payment}:h:<minute>     HASH  the queue's history of that minute (History)
+//	dq:{payment}:k:…            the concurrency keys' state (KeyPrefix)
 //	dq:{payment}:wake           pub/sub channel: the earliest due time moved earlier
 //
 // A queue of several shards (Controls.Shards) has these keys once a shard, shard
@@ -25,7 +43,13 @@ const DefaultPrefix = "dq"
 // Scores are Unix seconds with a millisecond fraction ("1700000000.125"). One key
 // stands outside every queue:
 //
-//	dq:queues                   SET   every queue a task was enqueued into (registryKey)
+//	dq:queues                   SET   every queue a task was enqueued into or a worker serves (registryKey)
+//
+// and the worker process registry (workers.go) has a hash tag of its own, which no
+// queue can have (a queue name has no ':'):
+//
+//	dq:{:workers}:index         ZSET  member = process id, score = last beat
+//	dq:{:workers}:p:<id>        HASH  the process (r record, s started, b last beat)
 type Keys struct {
 	Ready  string
 	Active string
@@ -46,6 +70,13 @@ type Keys struct {
 	// History is the prefix of the per-minute history hashes; the minute (Unix
 	// time / 60, Redis clock) completes the key. See Client.History.
 	History string
+	// KeyPrefix is the prefix of the concurrency-key state (lib.lua key_admit):
+	// KeyPrefix+"run" HASH key -> runs holding a slot, KeyPrefix+"p:"+key ZSET
+	// the key's parked tasks, KeyPrefix+"s:"+key ZSET its throttle's starts,
+	// KeyPrefix+"wake" ZSET key -> when its throttle lets the next start in,
+	// KeyPrefix+"keys" SET the keys with parked tasks. Written only while the
+	// queue caps or throttles its keys.
+	KeyPrefix string
 	// Wake is a pub/sub channel, not a key.
 	Wake string
 }
@@ -73,6 +104,7 @@ func layout(prefix, tag, wake string) Keys {
 		TaskPrefix: base + "t:",
 		Control:    base + "ctl",
 		History:    base + "h:",
+		KeyPrefix:  base + "k:",
 		Wake:       wake,
 	}
 }
@@ -80,6 +112,14 @@ func layout(prefix, tag, wake string) Keys {
 // registryKey is the set of queue names under prefix: the queues the reaper visits.
 // (A queue name cannot contain ':' or '{', so it cannot collide with a queue's keys.)
 func registryKey(prefix string) string { return prefix + ":queues" }
+
+// WorkerKeys are the keys of the worker process registry under prefix: the index
+// ZSET and the prefix of the process hashes, which the process id completes. One
+// hash tag, so each script touches one slot.
+func WorkerKeys(prefix string) (index, procPrefix string) {
+	base := prefix + ":{:workers}:"
+	return base + "index", base + "p:"
+}
 
 // TaskKey is the key of the hash of task id. The task hash has short fields, and a
 // field at its default value may be absent:
@@ -94,6 +134,8 @@ func registryKey(prefix string) string { return prefix + ":queues" }
 //	d  start deadline in Unix ms, only for a task that has one (outbox.Task.StartBy)
 //	y  priority 1..9, only for a task that has one (absent = 0; outbox.Task.Priority)
 //	c  trace context, only for a task that has one (outbox.Task.TraceContext)
+//	k  concurrency key, only for a task that has one (outbox.Task.ConcurrencyKey)
+//	q  "1" while its run holds a slot of its key (claim.lua)
 //
 // A new task is written with p and only the fields that differ from their defaults,
 // in one order (lib.lua write_task, for enqueue and for repair's restore alike), so

@@ -23,6 +23,7 @@ func TestKeysFor(t *testing.T) {
 		TaskPrefix: "dq:{payment}:t:",
 		Control:    "dq:{payment}:ctl",
 		History:    "dq:{payment}:h:",
+		KeyPrefix:  "dq:{payment}:k:",
 		Wake:       "dq:{payment}:wake",
 	}
 	if k != want {

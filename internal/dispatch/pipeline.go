@@ -165,7 +165,7 @@ func (c *Client) enqueueCalls(ctx context.Context, calls []enqueueCall, batch in
 			}
 			kk := l[k]
 			calls = append(calls, enqueueCall{batch: batch, pos: at, scriptCall: scriptCall{
-				keys: []string{kk.Ready, kk.Active, kk.TaskPrefix, kk.Dead, kk.Priority, kk.Control},
+				keys: []string{kk.Ready, kk.Active, kk.TaskPrefix, kk.Dead, kk.Priority, kk.Control, kk.KeyPrefix},
 				args: c.enqueueArgs(kk, tasks, replaceFinished, len(l)),
 			}})
 		}
@@ -218,7 +218,7 @@ func (c *Client) enqueueArgs(k Keys, tasks []Task, replaceFinished bool, shards 
 }
 
 // taskFields is how many arguments appendTask adds.
-const taskFields = 8
+const taskFields = 9
 
 // appendTask appends what the scripts write into a task hash, in the order both
 // enqueue.lua and repair.lua's restore take it (lib.lua write_task): due,
@@ -237,7 +237,7 @@ func (c *Client) appendTask(args []any, t Task) []any {
 	if ver == 0 {
 		ver = 1
 	}
-	return append(args, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy), t.Priority)
+	return append(args, due, t.Payload, maxAtt, t.Attempt, ver, t.TraceContext, startByArg(t.StartBy), t.Priority, t.Key)
 }
 
 // startByArg is a start deadline as the scripts take it: Unix ms, rounded down
@@ -259,9 +259,27 @@ func (c *Client) register(ctx context.Context, p redis.Pipeliner, batches []Queu
 	return p.SAdd(ctx, registryKey(c.cfg.Prefix), queues...)
 }
 
+// Register adds queues to the queue registry: a worker registers the queues it
+// serves when it starts, so that the dashboard and delayq stats list a queue
+// before its first task (and it can be paused then). One SADD.
+func (c *Client) Register(ctx context.Context, queues ...string) error {
+	if len(queues) == 0 {
+		return nil
+	}
+	members := make([]any, len(queues))
+	for i, q := range queues {
+		members[i] = q
+	}
+	if err := c.rdb.SAdd(ctx, registryKey(c.cfg.Prefix), members...).Err(); err != nil {
+		return fmt.Errorf("delayq: register queues: %w", err)
+	}
+	return nil
+}
+
 // RegisteredQueues lists, sorted, every queue a task was ever enqueued into under
-// the prefix (the registry that Enqueue and EnqueuePipelined keep): one SMEMBERS,
-// whatever the keyspace holds. The relay's reaper visits these.
+// the prefix (the registry that Enqueue and EnqueuePipelined keep) or a worker
+// registered (Register): one SMEMBERS, whatever the keyspace holds. The relay's
+// reaper visits these.
 func (c *Client) RegisteredQueues(ctx context.Context) ([]string, error) {
 	qs, err := c.rdb.SMembers(ctx, registryKey(c.cfg.Prefix)).Result()
 	if err != nil {

@@ -120,7 +120,7 @@ func parseEnqueue(v any, n int) ([]EnqueueStatus, error) {
 
 // The claim reply: a head of claimHead elements, then claimGroup per task.
 const (
-	claimHead  = 6
+	claimHead  = 7
 	claimGroup = 9
 )
 
@@ -168,6 +168,12 @@ func parseClaim(v any, queue string) (Claim, error) {
 	if held < 0 || held > MaxShards {
 		return Claim{}, replyErr("claim: shards %d", held)
 	}
+	var resumed time.Time
+	if r, ok := a[6].(string); !ok || r != "" {
+		if resumed, err = scoreField(a[6], "claim resumed"); err != nil {
+			return Claim{}, err
+		}
+	}
 	c := Claim{NextDue: -1, Now: now, RateWait: time.Duration(rate) * time.Millisecond, shards: int(held)}
 	if next >= 0 {
 		c.NextDue = time.Duration(next) * time.Millisecond
@@ -213,6 +219,9 @@ func parseClaim(v any, queue string) (Claim, error) {
 				return Claim{}, err
 			}
 			t.Missed = now.After(t.StartBy)
+		}
+		if resumed.After(t.Due) {
+			t.Resumed = resumed
 		}
 		c.Tasks[i] = t
 	}

@@ -75,16 +75,16 @@ func encodeReply(v any) []byte {
 
 var validReplies = []any{
 	[]any{int64(1), int64(0), int64(2)}, // enqueue
-	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0), int64(0),
+	[]any{int64(-1), "1700000000.000", "1700000060.000", int64(1), int64(0), int64(0), "1699999999.800",
 		"id1", "payload", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", ""}, // claim
-	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0), int64(0)}, // claim, nothing due
-	[]any{"1700000060.123", int64(1), int64(0)},                                         // extend, two leases: renewed, lost
+	[]any{int64(250), "1700000000.000", "1700000060.000", int64(0), int64(0), int64(0), ""}, // claim, nothing due
+	[]any{"1700000060.123", int64(1), int64(0)},                                             // extend, two leases: renewed, lost
 	int64(0), // a status
 	[]any{[]any{"a"}, []any{"b", "c"}, []any{}},                                                                         // reap
 	[]any{int64(3), int64(1), int64(2), int64(0), int64(1), "1700000000.000", "1699999990.000"},                         // stats
 	[]any{"r", "p", "", "25", "1", "", "1700000000.1229999", int64(-1), "7", "", "", "", "", "", "", "", int64(-2), ""}, // inspect 2 ids
-	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7), int64(0)},                                   // claim, rate limited
-	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0), int64(0),
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(0), int64(7), int64(0), ""},                               // claim, rate limited
+	[]any{int64(0), "1700000000.000", "1700000060.000", int64(2), int64(0), int64(0), "1699999999.000",
 		"a", "p", int64(1), int64(25), int64(1), "tok.1", "1699999999.500", "", "1699999999.999",
 		"b", "p", int64(1), int64(25), int64(1), "tok.2", "1699999999.500", "", "1700000000.000"}, // claim, deadlines
 }
@@ -140,6 +140,10 @@ func TestParseValidReplies(t *testing.T) {
 		!c.Tasks[0].Due.Equal(time.UnixMilli(1699999999500)) || !c.Tasks[0].LeaseUntil.Equal(time.Unix(1700000060, 0)) {
 		t.Errorf("claim %+v %v", c, err)
 	}
+	// The queue resumed after the task fell due: its lateness counts from the resume.
+	if !c.Tasks[0].Resumed.Equal(time.UnixMilli(1699999999800)) {
+		t.Errorf("claim after a resume: Resumed %v", c.Tasks[0].Resumed)
+	}
 	if c, err := parseClaim(validReplies[2], "q"); err != nil || c.NextDue != 250*time.Millisecond || c.Tasks != nil {
 		t.Errorf("empty claim %+v %v", c, err)
 	}
@@ -149,6 +153,8 @@ func TestParseValidReplies(t *testing.T) {
 	if c, err := parseClaim(validReplies[9], "q"); err != nil || len(c.Tasks) != 2 || !c.Tasks[0].Missed || c.Tasks[1].Missed ||
 		c.Tasks[0].StartBy.UnixMilli() != 1699999999999 || c.Tasks[1].StartBy.UnixMilli() != 1700000000000 {
 		t.Errorf("claim with deadlines %+v %v: a deadline before now is missed, one at now is not", c, err)
+	} else if !c.Tasks[0].Resumed.IsZero() {
+		t.Errorf("a resume before the task fell due set Resumed %v", c.Tasks[0].Resumed)
 	}
 	if r, err := parseExtend([]bool{true}, validReplies[3], 2); err != nil || len(r) != 3 || !r[0] || !r[1] || r[2] {
 		t.Errorf("extend %v %v", r, err)
@@ -179,27 +185,31 @@ func TestParseMalformedReplies(t *testing.T) {
 		{"enqueue code", func() error { _, err := parseEnqueue([]any{int64(7)}, 1); return err }},
 		{"claim short", func() error { _, err := parseClaim([]any{int64(1)}, "q"); return err }},
 		{"claim trace", func() error {
-			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0", int64(7)}, "q")
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "", "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0", int64(7)}, "q")
 			return err
 		}},
 		{"claim group of 7", func() error {
-			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0"}, "q")
+			_, err := parseClaim([]any{int64(-1), "1.0", "2.0", int64(1), int64(0), int64(0), "", "id", "p", int64(1), int64(25), int64(1), "t.1", "1.0"}, "q")
 			return err
 		}},
 		{"claim count", func() error {
-			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), int64(0), "id"}, "q")
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(2), int64(0), int64(0), "", "id"}, "q")
 			return err
 		}},
 		{"claim next", func() error {
-			_, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0), int64(0), int64(0)}, "q")
+			_, err := parseClaim([]any{int64(-5), "1.0", "2.0", int64(0), int64(0), int64(0), ""}, "q")
 			return err
 		}},
 		{"claim shards", func() error {
-			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(0), int64(0), int64(65)}, "q")
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(0), int64(0), int64(65), ""}, "q")
 			return err
 		}},
 		{"claim score", func() error {
-			_, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0), int64(0)}, "q")
+			_, err := parseClaim([]any{int64(1), "NaN", "2.0", int64(0), int64(0), int64(0), ""}, "q")
+			return err
+		}},
+		{"claim resumed", func() error {
+			_, err := parseClaim([]any{int64(1), "1.0", "2.0", int64(0), int64(0), int64(0), "NaN"}, "q")
 			return err
 		}},
 		{"extend type", func() error { _, err := parseExtend(nil, int64(0), 1); return err }},

@@ -34,6 +34,11 @@ type Task struct {
 	// is the lowest). A task with a priority is kept in the task hash (field y) and
 	// in the queue's priority index (Keys.Priority); one without costs nothing.
 	Priority int
+	// Key is the task's concurrency key ("" none, else 1..200 bytes; validate.
+	// ConcurrencyKey): while the queue caps or throttles its keys, the claim
+	// counts the task's run against it. Kept in the task hash (field k) only
+	// when set.
+	Key string
 }
 
 // EnqueueStatus tells what Enqueue did with one task.
@@ -93,8 +98,10 @@ type ClaimedTask struct {
 	MaxAttempts int
 	Version     int
 	Token       string
-	// Due is the time the task was due; Claim.Now - Due is the claim lateness.
-	Due time.Time
+	// Due is the time the task was due; Resumed, when the task fell due while
+	// its queue was paused, the queue's resume after that (else zero). The claim
+	// lateness is Claim.Now - the later of the two: paused time is no worker's.
+	Due, Resumed time.Time
 	// LeaseUntil is the lease deadline by the Redis clock.
 	LeaseUntil time.Time
 	// TraceContext is the one given at enqueue ("" for none).

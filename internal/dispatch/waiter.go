@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -67,7 +68,8 @@ func (c *Client) NewWaiter() *Waiter {
 
 // Mark subscribes to queue's wake-ups (once per queue; it waits until Redis has
 // confirmed the subscription) and returns the current point, to pass to Wait after
-// the claim.
+// the claim. When Redis cannot take the subscription, the first Mark of the
+// queue returns the error, and the next waits for go-redis's reconnect.
 func (w *Waiter) Mark(ctx context.Context, queue string) (Mark, error) {
 	k, err := w.c.Keys(queue)
 	if err != nil {
@@ -94,9 +96,12 @@ func (w *Waiter) Mark(ctx context.Context, queue string) (Mark, error) {
 	if !ok {
 		// Outside the lock: it may dial. The channel is recorded even when the
 		// write fails; go-redis then subscribes at its reconnect, and the
-		// confirmation ends the wait below.
+		// confirmation ends the wait of the next Mark. This one says Redis is
+		// unreachable, so that the caller can say so (once: downlog) rather
+		// than wait in silence.
 		if err := ps.Subscribe(ctx, k.Wake); err != nil {
 			w.c.cfg.Logger.Debug("delayq: subscribe failed, retried at reconnect", "channel", k.Wake, "err", err)
+			return Mark{}, fmt.Errorf("delayq: subscribe to %s: %w", k.Wake, err)
 		}
 	}
 	select {

@@ -119,11 +119,13 @@ func (m *model) check(ctx context.Context) {
 		}
 	}
 	for k := range rows {
-		if m.tasks[k] == nil {
+		if m.tasks[k] == nil && m.wfTasks[k] == nil {
 			v.add("unknown", "%s: a row the model never committed", k)
 		}
 	}
 	m.checkRedis(ctx, v, rows)
+	m.checkWorkflows(ctx, v, rows, runs, effects)
+	m.checkResults(ctx, v, effects)
 	m.checkControls(v, runs)
 	incs, err := reconcile.Check(ctx, s.admin, s.dq, reconcile.Options{Queues: modelQueues, Grace: -1})
 	if err != nil {
@@ -496,6 +498,16 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 			for _, q := range members {
 				if !slices.Contains(modelQueues, q) {
 					v.add("redis", "%s lists queue %q", rk, q)
+				}
+			}
+		}
+		if strings.HasPrefix(rk, modelPrefix+":{:workers}:") {
+			// The worker processes' registry: the index, and a record per process
+			// that expires (a killed worker never said goodbye).
+			known = true
+			if strings.HasPrefix(rk, modelPrefix+":{:workers}:p:") {
+				if ttl, _ := s.rdb.PTTL(ctx, rk).Result(); ttl <= 0 {
+					v.add("redis", "%s, a worker process's record, has no expiry (%v)", rk, ttl)
 				}
 			}
 		}

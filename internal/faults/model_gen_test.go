@@ -15,6 +15,7 @@ import (
 	"github.com/delayq/delayq/internal/taskstate"
 	"github.com/delayq/delayq/internal/tempserver"
 	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/workflow"
 )
 
 // know is what the model knows of a task's row: the transition table says who
@@ -83,6 +84,11 @@ type model struct {
 	workers *fleet
 	pg      *tempserver.Postgres // the model's own server, which opPostgresCrash kills
 	st      taskstate.Statements
+	// The workflow part (model_wf_test.go): the client, and the dependents
+	// enqueued through it.
+	wf      *workflow.Client
+	wfTasks map[key]*mdep
+	wfOrder []*mdep
 
 	kills []time.Time   // when a worker was SIGKILLed
 	spans []controlSpan // the pauses and rate limits applied, by the Redis clock
@@ -100,7 +106,7 @@ type model struct {
 func newModel(s *system, seed uint64) *model {
 	return &model{
 		s: s, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), start: time.Now(),
-		tasks: map[key]*mtask{}, rolled: map[key]bool{}, ops: map[string]int{},
+		tasks: map[key]*mtask{}, rolled: map[key]bool{}, ops: map[string]int{}, wf: workflow.New(s.ob), wfTasks: map[key]*mdep{},
 		st: taskstate.NewStatements(taskstate.Config{Schema: "public", NotifyChannel: taskstate.DefaultNotifyChannel}),
 	}
 }
@@ -162,6 +168,7 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"postgres-crash", 1, m.opPostgresCrash},
 		{"sharded-burst", 4, m.opShardedBurst},
 		{"reshard", 2, m.opReshard},
+		{"workflow", 12, m.opWorkflow},
 		{"wait", 10, m.opWait},
 	}
 	total := 0
@@ -539,6 +546,7 @@ func (m *model) opRetryAllDead(ctx context.Context) {
 			m.violation(t, "RetryAllDead did not retry a task known dead (now %s)", r[1])
 		}
 	}
+	bumped += m.retriedDependents(q, rows)
 	m.logf(nil, "dead retry --all %s: %d retried", q, n)
 	if bumped != n {
 		m.violation(nil, "RetryAllDead %s reported %d, the model saw %d versions bumped", q, n, bumped)

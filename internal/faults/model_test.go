@@ -42,6 +42,7 @@ import (
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
+	"github.com/delayq/delayq/workflow"
 )
 
 // Environment of the model test.
@@ -157,6 +158,11 @@ func modelPriority(id string) int {
 	return int(h.Sum32() % 10)
 }
 
+// modelResult is the result a run stores with its effect.
+func modelResult(inc, version, attempt int) []byte {
+	return fmt.Appendf(nil, "%d/%d/%d", inc, version, attempt)
+}
+
 func payloadInc(p []byte) int {
 	n, _ := strconv.Atoi(strings.TrimPrefix(string(p), "inc="))
 	return n
@@ -164,8 +170,11 @@ func payloadInc(p []byte) int {
 
 var errPlanned = errors.New("model: planned failure")
 
-// modelHandler runs the planned outcome; db records the run outside tx.
-func modelHandler(name string, seed uint64, db *pgxpool.Pool) func(context.Context, pgx.Tx, *delayq.Task) error {
+// modelHandler runs the planned outcome; db records the run outside tx. A run
+// that writes its effect stores its result too (workflow.Client.SetResult):
+// the run's incarnation, version and attempt, which the checker finds on done
+// rows alone, equal to their one effect's.
+func modelHandler(name string, seed uint64, db *pgxpool.Pool, wf *workflow.Client) func(context.Context, pgx.Tx, *delayq.Task) error {
 	return func(ctx context.Context, tx pgx.Tx, t *delayq.Task) error {
 		inc := payloadInc(t.Payload)
 		o, d := plan(seed, t.Queue, t.ID, inc, t.Version, t.Attempt)
@@ -173,8 +182,10 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool) func(context.Conte
 			return fmt.Errorf("record the run: %w", err)
 		}
 		effect := func() error {
-			_, err := tx.Exec(ctx, sqlModelEffect, t.Queue, t.ID, inc, t.Version, t.Attempt, name)
-			return err
+			if _, err := tx.Exec(ctx, sqlModelEffect, t.Queue, t.ID, inc, t.Version, t.Attempt, name); err != nil {
+				return err
+			}
+			return wf.SetResult(ctx, tx, t, modelResult(inc, t.Version, t.Attempt))
 		}
 		switch o {
 		case oSuccess:
@@ -286,7 +297,7 @@ func modelWorkerProcess(ctx context.Context, name string, log *slog.Logger) erro
 		return err
 	}
 	for _, q := range strings.Split(os.Getenv(envQueues), ",") {
-		if err := w.HandleTx(q, modelHandler(name, seed, pool), modelQueueConfig(name)); err != nil {
+		if err := w.HandleTx(q, modelHandler(name, seed, pool, workflow.New(ob)), modelQueueConfig(name)); err != nil {
 			return err
 		}
 	}
@@ -394,6 +405,9 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	}
 	if _, err := s.admin.Exec(ctx, sqlModelTables); err != nil {
 		t.Fatalf("model tables: %v", err)
+	}
+	if _, err := s.admin.Exec(ctx, sqlModelTransitions); err != nil {
+		t.Fatalf("model transitions: %v", err)
 	}
 	if _, err := s.admin.Exec(ctx, `INSERT INTO model_config VALUES ($1::text::numeric)`, strconv.FormatUint(seed, 10)); err != nil {
 		t.Fatal(err)

@@ -1,5 +1,5 @@
 // Package queuectl owns the queue controls on both stores: the pause, the rate
-// limit and the shard count of a queue. Postgres (delayq_queues, through
+// limit, the shard count and the limits per concurrency key of a queue. Postgres (delayq_queues, through
 // taskstate's statements) is their truth; Redis holds a copy keyed by the row's
 // version, which the claim and enqueue scripts read.
 //
@@ -87,6 +87,16 @@ func (c *Controller) SetRateLimit(ctx context.Context, queue string, rate valida
 	return c.change(ctx, "rate limit", queue, func() (Control, error) { return c.store.SetRateLimit(ctx, c.db, queue, rate) })
 }
 
+// SetKeyLimits sets queue's limits per concurrency key: concurrency runs of one
+// key at once, throttle starts of one key in any window (0: none). A change
+// puts the tasks parked for their keys back into ready, where the next claims
+// judge them by the new limits.
+func (c *Controller) SetKeyLimits(ctx context.Context, queue string, concurrency, throttle int, window time.Duration) (Control, error) {
+	return c.change(ctx, "key limits", queue, func() (Control, error) {
+		return c.store.SetKeyLimits(ctx, c.db, queue, concurrency, throttle, window)
+	})
+}
+
 // SetShards sets queue's shard count (1..64). The count changes only while the
 // queue is empty in both stores: Redis is asked first (ready, active and dead,
 // over every shard: a task enqueued into Redis directly has no row), then the
@@ -147,14 +157,14 @@ func (e *NotEmptyError) Is(target error) bool { return target == taskstate.ErrQu
 func (c *Controller) List(ctx context.Context) ([]Control, error) {
 	out, err := c.store.QueueControls(ctx, c.db)
 	if err != nil {
-		return nil, fmt.Errorf("control: %w", err)
+		return nil, fmt.Errorf("queue controls: %w", err)
 	}
 	return out, nil
 }
 
 // current reads queue's controls (a queue without a row: 1 shard).
 func (c *Controller) current(ctx context.Context, queue string) (Control, error) {
-	ctls, err := c.List(ctx)
+	ctls, err := c.store.QueueControls(ctx, c.db)
 	if err != nil {
 		return Control{}, err
 	}
@@ -171,10 +181,10 @@ func (c *Controller) current(ctx context.Context, queue string) (Control, error)
 func (c *Controller) change(ctx context.Context, what, queue string, write func() (Control, error)) (Control, error) {
 	ctl, err := write()
 	if err != nil {
-		return Control{}, fmt.Errorf("control: %s: %w", what, err)
+		return Control{}, fmt.Errorf("queue controls: %s: %w", what, err)
 	}
 	if _, err := mirror(ctx, c.dq, ctl); err != nil {
-		return ctl, fmt.Errorf("control: %s of %s %w (version %d; the relay's control sync writes it within seconds): %w",
+		return ctl, fmt.Errorf("queue controls: %s of %s %w (version %d; the relay's control sync writes it within seconds): %w",
 			what, queue, ErrNotMirrored, ctl.Version, err)
 	}
 	return ctl, nil
@@ -183,7 +193,8 @@ func (c *Controller) change(ctx context.Context, what, queue string, write func(
 // mirror writes ctl into Redis at its version; applied is false when Redis holds
 // it, or a newer one, already.
 func mirror(ctx context.Context, dq *dispatch.Client, ctl Control) (applied bool, err error) {
-	return dq.SetControls(ctx, ctl.Queue, ctl.Version, dispatch.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards})
+	return dq.SetControls(ctx, ctl.Queue, ctl.Version, dispatch.Controls{Paused: ctl.Paused, Rate: ctl.Rate, Shards: ctl.Shards,
+		KeyConcurrency: ctl.KeyConcurrency, KeyThrottle: ctl.KeyThrottle, KeyWindow: ctl.KeyWindow})
 }
 
 // Restore is the repair of Redis's copy: it writes every queue's controls from

@@ -74,6 +74,7 @@ func (b bundle) inBoth(t *testing.T, queue string) queuectl.Control {
 	if pg.Rate.Limit > 0 {
 		want.Rate = pg.Rate
 	}
+	want.KeyConcurrency, want.KeyThrottle, want.KeyWindow = pg.KeyConcurrency, pg.KeyThrottle, pg.KeyWindow
 	if v != pg.Version || rc != want {
 		t.Fatalf("%s: Redis holds %+v at version %d; Postgres %+v at version %d", queue, rc, v, pg, pg.Version)
 	}

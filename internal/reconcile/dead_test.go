@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 )
 
@@ -166,7 +167,7 @@ func TestStats(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	o, q := st[0], st[1]
-	if o.Postgres[stateCancelled] != 1 || o.Postgres[statePending] != 0 || len(o.Postgres) != 5 || o.Ready != 0 {
+	if o.Postgres[stateCancelled] != 1 || o.Postgres[statePending] != 0 || len(o.Postgres) != len(delayqtype.States()) || o.Ready != 0 {
 		t.Errorf("other: %+v", o)
 	}
 	if q.Postgres[statePending] != 2 || q.Postgres[stateQueued] != 2 || q.Postgres[stateDead] != 1 ||

@@ -27,7 +27,16 @@ const (
 )
 
 // AllKinds lists every kind, in the order reports show them.
-func AllKinds() []Kind { return delayqtype.AllKinds() }
+// (The list lives here, not in delayqtype: the public surface keeps the kinds
+// and their Describe; issue 34 spent the name on delayq.Client.SetKeyLimits.)
+func AllKinds() []Kind {
+	return []Kind{
+		delayqtype.MissingInRedis, delayqtype.MemberWithoutHash, delayqtype.HashWithoutMember,
+		delayqtype.StatusMismatch, delayqtype.VersionMismatch, delayqtype.DoneInRedis,
+		delayqtype.DeadInRedis, delayqtype.DeadInPostgres, delayqtype.FinishedInPostgres,
+		delayqtype.UnknownInPostgres,
+	}
+}
 
 // row is an outbox row as reconcile reads it (Page and PageQueued fill the id,
 // the state and the version alone).

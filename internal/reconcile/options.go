@@ -29,6 +29,9 @@ type Options struct {
 	// Queues limits the work to these queues. Default (nil): every queue with rows
 	// in the outbox or keys in Redis.
 	Queues []string
+	// AlsoQueues adds these queues to the default list (when Queues is nil): the
+	// dashboard's queues that have controls (delayq_queues) and no task yet.
+	AlsoQueues []string
 	// Schema holds the outbox table. Default "public".
 	Schema string
 	// NotifyChannel is the channel a dead retry wakes the relay on; it must be the
@@ -135,8 +138,14 @@ func (o Options) prepare() (Options, taskstate.Statements, error) {
 // ops returns the transitions on the outbox of o (prepared) and dq (nil: the
 // Postgres-only ones).
 func (o Options) ops(dq *dispatch.Client) *transition.Ops {
-	cfg := outbox.Config{Schema: o.Schema, NotifyChannel: o.NotifyChannel}.WithDefaults()
-	return transition.New(taskstate.New(taskstate.Config{Schema: cfg.Schema, NotifyChannel: cfg.NotifyChannel}), dq)
+	schema, channel := o.Schema, o.NotifyChannel
+	if schema == "" {
+		schema = taskstate.DefaultSchema
+	}
+	if channel == "" {
+		channel = taskstate.DefaultNotifyChannel
+	}
+	return transition.New(taskstate.New(taskstate.Config{Schema: schema, NotifyChannel: channel}), dq)
 }
 
 // Progress is what Options.Progress gets after each step.

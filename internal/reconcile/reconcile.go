@@ -156,7 +156,7 @@ func (e *engine) run(ctx context.Context) error {
 	if e.rep.Controls, err = RestoreControls(ctx, e.db, e.dq, e.o); err != nil {
 		return err
 	}
-	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o.Queues, e.o.Deep)
+	qs, err := queuesOf(ctx, e.db, e.dq, e.st, e.o)
 	if err != nil {
 		return err
 	}
@@ -174,9 +174,10 @@ func (e *engine) run(ctx context.Context) error {
 	return nil
 }
 
-// queuesOf returns the queues asked for, or every queue of the outbox and of Redis:
-// the queue registry, and with deep a SCAN of the keyspace too.
-func queuesOf(ctx context.Context, db DB, dq *dispatch.Client, st taskstate.Statements, asked []string, deep bool) ([]string, error) {
+// queuesOf returns the queues asked for, or every queue of the outbox and of Redis
+// (the queue registry, and with deep a SCAN of the keyspace too) and AlsoQueues.
+func queuesOf(ctx context.Context, db DB, dq *dispatch.Client, st taskstate.Statements, o Options) ([]string, error) {
+	asked, deep := o.Queues, o.Deep
 	seen := map[string]bool{}
 	if asked != nil {
 		for _, q := range asked {
@@ -202,7 +203,7 @@ func queuesOf(ctx context.Context, db DB, dq *dispatch.Client, st taskstate.Stat
 			}
 			rq = append(rq, scanned...)
 		}
-		for _, q := range append(qs, rq...) {
+		for _, q := range slices.Concat(qs, rq, o.AlsoQueues) {
 			if validate.Queue(q) == nil { // a row the validation would refuse has no Redis side
 				seen[q] = true
 			}

@@ -45,7 +45,7 @@ func Stats(ctx context.Context, db DB, dq *dispatch.Client, opts Options) ([]Que
 	if err != nil {
 		return nil, err
 	}
-	qs, err := queuesOf(ctx, db, dq, st, o.Queues, o.Deep)
+	qs, err := queuesOf(ctx, db, dq, st, o)
 	if err != nil {
 		return nil, err
 	}

@@ -29,16 +29,28 @@ var (
 	// tasks out of attempts, self-healing); SADD and SMEMBERS for the queue
 	// registry; GET, SET and INFO for the epoch marks of loss detection; TIME and
 	// ZCOUNT for the overdue gauge.
-	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers", "get", "set", "info",
-		"del", "hdel", "hexists", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zcount", "zrange", "zrem", "zscore"}
-	// workerCommands: scripts claim, extend, complete, retry, kill, release.
-	workerCommands = []string{"ping", "evalsha", "eval", "subscribe",
-		"del", "hdel", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zrange", "zrem", "zscore"}
+	// SREM, EXISTS, HGET, HINCRBY and ZPOPMIN: the concurrency keys (a slot given
+	// back by reap, repair or a replacing enqueue readmits a parked task).
+	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers", "srem", "get", "set", "info",
+		"del", "exists", "hdel", "hexists", "hget", "hincrby", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zcount",
+		"zpopmin", "zrange", "zrem", "zscore"}
+	// workerCommands: scripts claim, extend, complete, retry, kill, release, the
+	// process registry's workerbeat and workerbye; SADD for the queue registry (its
+	// queues, at start).
+	// SREM, EXISTS, HGET, ZCARD, ZPOPMIN and ZREMRANGEBYSCORE: the claim's caps
+	// and throttles per concurrency key.
+	workerCommands = []string{"ping", "evalsha", "eval", "subscribe", "sadd", "srem",
+		"del", "exists", "hdel", "hget", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zcard", "zpopmin",
+		"zrange", "zremrangebyscore", "zrem", "zscore"}
 	// operatorCommands: the commands reconcile, check, stats, dead and cancel
 	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds),
-	// and HGETALL for the dashboard's per-minute history.
-	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan", "smembers",
-		"del", "hexists", "hgetall", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount", "zrange", "zrem", "zscore"}
+	// and HGETALL for the dashboard's per-minute history; script workers lists
+	// the worker processes.
+	// SREM, EXISTS, HGET, HINCRBY and ZPOPMIN: a change of the limits per key, a
+	// cancel or a repair readmits parked tasks.
+	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan", "smembers", "srem",
+		"del", "exists", "hexists", "hget", "hgetall", "hincrby", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount",
+		"zpopmin", "zrange", "zrem", "zscore"}
 )
 
 // aclRules are the ACL rules (after "user NAME on >PASSWORD") that give a user the
@@ -91,21 +103,24 @@ func userClient(t *testing.T, addr, user, password string) *redis.Client {
 // relayCommands and workerCommands on their prefix, through every script they
 // have: enqueue (also after SCRIPT FLUSH, so SCRIPT LOAD and EVAL), claim,
 // heartbeats, complete, retry, kill and its mirror to Postgres, a reaped lease,
-// a release at shutdown. Every task ends where it should and Redis refused
-// nothing (ACL LOG stays empty). Then commands, keys and channels outside the
+// a release at shutdown, the worker process registry's beats and goodbye (listed
+// by an operator user holding operatorCommands). Every task ends where it should
+// and Redis refused nothing (ACL LOG stays empty). Then commands, keys and channels outside the
 // set are refused.
 func TestLeastPrivilegeACL(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t, 2*time.Minute)
 	const (
-		prefix   = "sec"
-		adminPW  = "admin-pw-0a1b"
-		relayPW  = "relay-pw-2c3d"
-		workerPW = "worker-pw-4e5f"
+		prefix     = "sec"
+		adminPW    = "admin-pw-0a1b"
+		relayPW    = "relay-pw-2c3d"
+		workerPW   = "worker-pw-4e5f"
+		operatorPW = "operator-pw-6a7b"
 	)
 	args := []string{"--requirepass", adminPW}
 	args = append(args, aclServerArgs("delayq-relay", relayPW, prefix, relayCommands)...)
 	args = append(args, aclServerArgs("delayq-worker", workerPW, prefix, workerCommands)...)
+	args = append(args, aclServerArgs("delayq-operator", operatorPW, prefix, operatorCommands)...)
 	srv := testenv.OwnRedis(t, args...)
 	admin := userClient(t, srv.Addr(), "default", adminPW)
 	relayRDB := userClient(t, srv.Addr(), "delayq-relay", relayPW)
@@ -266,9 +281,39 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("h-1 never started")
 	}
+	// The worker's registry beats went through (listed, as the operator user,
+	// with h-1 in flight); its goodbye too (gone after Run).
+	operatorRDB := userClient(t, srv.Addr(), "delayq-operator", operatorPW)
+	operatorDQ, err := dispatch.New(operatorRDB, dispatch.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := func() []string {
+		ws, err := operatorDQ.Workers(ctx)
+		if err != nil {
+			t.Fatalf("list the workers as the operator user: %v", err)
+		}
+		var runs []string
+		for _, w := range ws {
+			for _, r := range w.Running {
+				runs = append(runs, w.ID+" "+r.ID)
+			}
+			if len(w.Running) == 0 {
+				runs = append(runs, w.ID)
+			}
+		}
+		return runs
+	}
+	waitFor(t, 30*time.Second, "the worker registered with h-1 in flight", func() bool {
+		runs := listed()
+		return len(runs) == 1 && strings.HasSuffix(runs[0], " h-1")
+	})
 	stopWorker()
 	if err := <-workerDone; err != nil {
 		t.Fatalf("worker Run: %v", err)
+	}
+	if runs := listed(); len(runs) != 0 {
+		t.Errorf("the worker is still registered after Run: %v", runs)
 	}
 	if info := redisState("hang", "h-1"); info.State != dispatch.StateReady {
 		t.Errorf("h-1 after shutdown: %+v, want released to ready", info)
@@ -309,8 +354,11 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		refused(c.who, c.rdb, "EVAL", "return redis.call('HSET', KEYS[1], 'f', 'v')", "1", "other:x")
 		refused(c.who, c.rdb, "EVAL", "return redis.call('PUBLISH', 'other:wake', 'x')", "0") // a channel outside
 		refused(c.who, c.rdb, "SCAN", "0")
-		refused(c.who, c.rdb, "ZCARD", prefix+":{ok}:ready")
 	}
+	// A read outside each one's set (the worker counts a key's runs with ZCARD
+	// for the caps per concurrency key; the relay has no use for it).
+	refused("relay", relayRDB, "ZCARD", prefix+":{ok}:ready")
+	refused("worker", workerRDB, "ZCOUNT", prefix+":{ok}:ready", "-inf", "+inf")
 	refused("relay", relayRDB, "SUBSCRIBE", prefix+":{ok}:wake")
 	refused("worker", workerRDB, "SCRIPT", "FLUSH")
 	ps := workerRDB.Subscribe(ctx, "other:{ok}:wake")

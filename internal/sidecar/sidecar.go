@@ -6,6 +6,8 @@
 //	/readyz    200 when every check passes (PostgreSQL and Redis reachable),
 //	           503 with the failing checks otherwise (readiness)
 //	/ui/       the operator's dashboard, when Config.UI is set (delayq relay --ui)
+//	/forecast  and other GET endpoints of Config.Endpoints (the relay's autoscaling
+//	           signal, package internal/forecast)
 //
 // It listens on loopback by default (127.0.0.1:9090): metrics and health are for
 // the machine's own agents unless the operator chooses to expose them.
@@ -19,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -78,6 +81,10 @@ type Config struct {
 	// UI, when set, is served under /ui/: the dashboard (package internal/ui),
 	// built with BasePath "/ui" and its own authentication. Default none.
 	UI http.Handler
+	// Endpoints are more GET (and HEAD) routes, by path ("/forecast"), each
+	// listed on the index. A path must start with '/' and not be one of the
+	// server's own. Default none.
+	Endpoints map[string]http.Handler
 }
 
 // UIPath is where Config.UI is mounted (its BasePath).
@@ -106,6 +113,12 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	if c.CheckTimeout < 0 || c.ShutdownTimeout < 0 {
 		return fmt.Errorf("%w: CheckTimeout %v, ShutdownTimeout %v: must be positive", ErrInvalidConfig, c.CheckTimeout, c.ShutdownTimeout)
+	}
+	for path, h := range c.Endpoints {
+		if !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " {}") || h == nil ||
+			slices.Contains([]string{"/", "/metrics", "/healthz", "/readyz", UIPath, UIPath + "/"}, path) {
+			return fmt.Errorf("%w: endpoint %q: needs a free path starting with '/' and a handler", ErrInvalidConfig, path)
+		}
 	}
 	names := map[string]bool{}
 	for _, ch := range c.Checks {
@@ -197,11 +210,19 @@ func (s *Server) Handler() http.Handler {
 		io.WriteString(w, "ok\n") //nolint:errcheck // the client went away
 	})
 	mux.HandleFunc("GET /readyz", s.ready)
-	index := "delayq admin: /metrics /healthz /readyz\n"
+	paths := []string{"/metrics", "/healthz", "/readyz"}
 	if s.cfg.UI != nil {
 		mux.Handle(UIPath+"/", s.cfg.UI)
-		index = "delayq admin: /metrics /healthz /readyz " + UIPath + "/\n"
+		paths = append(paths, UIPath+"/")
 	}
+	var extra []string
+	for path, h := range s.cfg.Endpoints {
+		mux.Handle("GET "+path, h) // GET also matches HEAD
+		extra = append(extra, path)
+	}
+	slices.Sort(extra)
+	index := "delayq admin: " + strings.Join(append(paths, extra...), " ") + "\n"
+
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, index) //nolint:errcheck // the client went away

@@ -224,3 +224,33 @@ func TestInvalidConfig(t *testing.T) {
 		}
 	}
 }
+
+// Endpoints are served on GET and listed on the index; a path that is not free
+// or not a path is refused.
+func TestEndpoints(t *testing.T) {
+	t.Parallel()
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "forecast\n") })
+	s := start(t, sidecar.Config{Gatherer: prometheus.NewRegistry(), Endpoints: map[string]http.Handler{"/forecast": h}})
+	if code, body := get(t, s, "/forecast"); code != http.StatusOK || body != "forecast\n" {
+		t.Errorf("/forecast: %d %q", code, body)
+	}
+	if code, body := get(t, s, "/"); code != http.StatusOK || body != "delayq admin: /metrics /healthz /readyz /forecast\n" {
+		t.Errorf("/: %d %q", code, body)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Post("http://"+s.Addr()+"/forecast", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /forecast: %d", resp.StatusCode)
+	}
+	for _, path := range []string{"forecast", "/metrics", "/", "/ui", "/a b", "/{x}"} {
+		if _, err := sidecar.Start(sidecar.Config{Addr: "127.0.0.1:0", Endpoints: map[string]http.Handler{path: h}}); !errors.Is(err, sidecar.ErrInvalidConfig) {
+			t.Errorf("endpoint %q: %v, want ErrInvalidConfig", path, err)
+		}
+	}
+	if _, err := sidecar.Start(sidecar.Config{Addr: "127.0.0.1:0", Endpoints: map[string]http.Handler{"/x": nil}}); !errors.Is(err, sidecar.ErrInvalidConfig) {
+		t.Errorf("endpoint without a handler: %v", err)
+	}
+}

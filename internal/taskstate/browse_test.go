@@ -49,10 +49,12 @@ func TestBrowseQueriesUseIndexes(t *testing.T) {
 		index     string
 	}{
 		{"task", b.Task, []any{"q1", "t1", 1000}, "delayq_outbox_pkey"},
+		{"keys", b.Keys, []any{[]string{"q1", "q2"}, []string{"t1", "t2"}}, "delayq_outbox_pkey"},
 		{"by id", b.ByID, []any{"q1", "", "", "", nil, nil, 50}, "delayq_outbox_pkey"},
 		{"by id, next page", b.ByID, []any{"q1", "t5001", "", "", nil, nil, 50}, "delayq_outbox_pkey"},
 		{"by id, prefix", b.ByID, []any{"q1", "", "t12", "", nil, nil, 50}, "delayq_outbox_pkey"},
 		{"by id, state and due range", b.ByID, []any{"q1", "", "", "queued", now, now.Add(time.Hour), 50}, "delayq_outbox_pkey|delayq_outbox_queued_idx"},
+		{"by id, waiting", b.ByID, []any{"q1", "", "", "waiting", nil, nil, 50}, "delayq_outbox_pkey|delayq_outbox_waiting_idx"},
 		{"pending", b.Pending, []any{"", nil, "", "", nil, nil, 50}, "delayq_outbox_pending_run_at_idx"},
 		{"pending of a queue, next page", b.Pending, []any{"q0", now, "q0", "t100", nil, nil, 50}, "delayq_outbox_pending_run_at_idx"},
 		{"pending, due range", b.Pending, []any{"q0", nil, "", "", now, now.Add(time.Hour), 50}, "delayq_outbox_pending_run_at_idx"},

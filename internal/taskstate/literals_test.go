@@ -25,7 +25,7 @@ var notStates = []struct {
 	{"internal/reconcile/kind.go", "dead", 1},  // the dead ZSET, in a probe's description
 	{"delayq/worker.go", "pending", 1},         // a run's outcome: handed to the completion stages
 	{"delayq/hooks.go", "cancelled", 1},        // CancelError's message
-	{"cmd/delayq/main.go", "dead", 1},          // the dead command's name
+	{"cmd/delayq/main.go", "dead", 2},          // the dead command's name, and its actions named in an error line
 	{"cmd/delayq/migrate.go", "pending", 1},    // a migration not applied yet
 	{"internal/ui/actions.go", "cancelled", 1}, // the flash message's key after a cancel
 	{"internal/ui/pages.go", "cancelled", 1},   // that message

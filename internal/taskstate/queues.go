@@ -25,13 +25,18 @@ func (s *Store) queuesTable() string { return s.cfg.queuesTable() }
 
 func (c Config) queuesTable() string { return fmt.Sprintf(`"%s".%s`, c.Schema, QueuesTableName) }
 
-const queueColumns = `queue, paused, rate_limit, rate_period_ms, rate_burst, shards, version, updated_at`
+const queueColumns = `queue, paused, rate_limit, rate_period_ms, rate_burst, shards, version, updated_at,
+	key_concurrency, key_throttle, key_window_ms`
 
 func scanQueueControl(r pgx.Row) (QueueControl, error) {
 	var c QueueControl
-	var periodMS int64
-	err := r.Scan(&c.Queue, &c.Paused, &c.Rate.Limit, &periodMS, &c.Rate.Burst, &c.Shards, &c.Version, &c.UpdatedAt)
+	var periodMS, windowMS int64
+	err := r.Scan(&c.Queue, &c.Paused, &c.Rate.Limit, &periodMS, &c.Rate.Burst, &c.Shards, &c.Version, &c.UpdatedAt,
+		&c.KeyConcurrency, &c.KeyThrottle, &windowMS)
 	c.Rate.Period = time.Duration(periodMS) * time.Millisecond
+	if c.KeyThrottle > 0 {
+		c.KeyWindow = time.Duration(windowMS) * time.Millisecond
+	}
 	return c, err
 }
 
@@ -68,6 +73,31 @@ ON CONFLICT (queue) DO UPDATE SET rate_limit = $2, rate_period_ms = $3, rate_bur
 RETURNING `+queueColumns, queue, rate.Limit, rate.Period.Milliseconds(), rate.Burst))
 	if err != nil {
 		return QueueControl{}, fmt.Errorf("set rate limit %s: %w", queue, err)
+	}
+	return c, nil
+}
+
+// SetKeyLimits sets queue's limits per concurrency key in Postgres (the truth;
+// mirror them to Redis after the commit, with the controls returned):
+// concurrency runs of one key at once, throttle starts of one key in any window
+// (0: none; validate.KeyLimits).
+func (s *Store) SetKeyLimits(ctx context.Context, q Querier, queue string, concurrency, throttle int, window time.Duration) (QueueControl, error) {
+	if err := validate.Queue(queue); err != nil {
+		return QueueControl{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	if throttle == 0 {
+		window = time.Second // no throttle: the column's default
+	}
+	if err := validate.KeyLimits(concurrency, throttle, window); err != nil {
+		return QueueControl{}, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	c, err := scanQueueControl(q.QueryRow(ctx, `INSERT INTO `+s.queuesTable()+` AS t (queue, key_concurrency, key_throttle, key_window_ms)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (queue) DO UPDATE SET key_concurrency = $2, key_throttle = $3, key_window_ms = $4,
+	version = t.version + 1, updated_at = now()
+RETURNING `+queueColumns, queue, concurrency, throttle, window.Milliseconds()))
+	if err != nil {
+		return QueueControl{}, fmt.Errorf("set key limits %s: %w", queue, err)
 	}
 	return c, nil
 }

@@ -3,6 +3,8 @@ package taskstate
 import (
 	"fmt"
 	"time"
+
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // Config names the outbox table and the options its statements depend on. The
@@ -32,6 +34,13 @@ const DefaultNotifyChannel = "delayq_outbox"
 // Table returns the quoted, schema-qualified table name.
 func (c Config) Table() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, TableName) }
 
+// DepsTableName holds the dependencies still unfinished of waiting tasks (package
+// workflow), created by migration 00021.
+const DepsTableName = "delayq_deps"
+
+// depsTable returns the quoted, schema-qualified dependencies table.
+func (c Config) depsTable() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, DepsTableName) }
+
 // HookChannel is the channel the deaths recorded without their OnDead hook
 // (reap-dead, relay-invalid) notify at commit, with the queue as payload: the
 // workers that serve the queue with a hook LISTEN on it and sweep. It is
@@ -53,6 +62,20 @@ type Statements struct {
 	// Producer: Enqueue and EnqueueMany insert (enqueue), Cancel and Reschedule
 	// change live rows.
 	Enqueue, EnqueueStartBy, EnqueueMany, Cancel, Reschedule string
+	// EnqueueWaiting inserts a task waiting on others (enqueue-waiting).
+	EnqueueWaiting string
+	// EnqueueReplace inserts a task with a conflict policy, or replaces or
+	// debounces the task of its key (enqueue-replace); ConflictRow reads that
+	// row when the policy did not apply.
+	EnqueueReplace, ConflictRow string
+	// SetResult stores a run's result in its handler's transaction
+	// (set-result); ReadResult reads a task's state and result.
+	SetResult, ReadResult string
+	// Batches (migration 00024, batch.go): EnqueueBatch inserts a callback
+	// and its children (enqueue-batch), ReleaseBatch the callback of a batch
+	// none of whose children was inserted; BatchRow reads a batch's counter;
+	// CancelBatch and CancelTasks cancel a workflow (workflow-cancel).
+	EnqueueBatch, ReleaseBatch, BatchRow, BatchOf, CancelBatch, CancelTasks string
 
 	// Row reads one row's state, version and last error: why a guarded update
 	// found nothing. Rows does the same for many ids of one queue.
@@ -61,6 +84,9 @@ type Statements struct {
 	// Worker: the completion guard in its four forms, the failure record, a
 	// snoozed run's next run time, and a run's cancellation.
 	Guard, GuardAbort, GuardMany, GuardGroup, RecordFailure, Snooze, CancelRun string
+	// NoteLost: a run that failed after its lease was lost, in the attempt
+	// history alone (no transition).
+	NoteLost string
 	// MissDeadline: a claim came after the task's start deadline (miss-deadline).
 	MissDeadline string
 	// A death recorded without its OnDead hook (dead-hook): TakeDeadHook takes
@@ -90,6 +116,9 @@ type Statements struct {
 	// exact count of every row).
 	LiveCounts, LiveCountsSome string
 	FinishedEstimate           string
+	// DueByMinute and DueByMinuteSome: the live rows of each queue by the
+	// minute they fall due in, for the autoscaling forecast (DueCounts).
+	DueByMinute, DueByMinuteSome string
 
 	// Reconcile, check and the dead-letter tools.
 	AllQueues, CountQueue, Page, PageQueued, Exists, Lookup, Lock string
@@ -105,9 +134,27 @@ type Statements struct {
 	NotifyLateOff string
 }
 
+// logAppend is the attempt history of a row (the column col) with one entry
+// appended, made of entry: attempt, version, outcome, error, stack (NULL: none),
+// stamped with the statement's time; then trimmed to its newest entries, at most
+// validate.MaxAttemptLog of them and validate.MaxAttemptLogBytes of JSON in all
+// (the newest is kept whatever its size: its texts are cut by the caller). Only
+// the statements that record a run that did not succeed use it: a success writes
+// no history (the row's done state is its entry).
+func logAppend(col, entry string) string {
+	return fmt.Sprintf(`(SELECT jsonb_agg(l.e ORDER BY l.i) FROM (
+	SELECT a.e, a.i, row_number() OVER w AS r, sum(octet_length(a.e::text)) OVER w AS b
+	FROM (SELECT %[2]s) AS n(attempt, version, outcome, error, stack),
+	     jsonb_array_elements(coalesce(%[1]s, '[]'::jsonb) || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+		'attempt', n.attempt, 'version', n.version, 'at', statement_timestamp(), 'outcome', n.outcome,
+		'error', n.error, 'stack', n.stack)))) WITH ORDINALITY AS a(e, i)
+	WINDOW w AS (ORDER BY a.i DESC)
+) AS l WHERE l.r <= %[3]d AND (l.r = 1 OR l.b <= %[4]d))`, col, entry, validate.MaxAttemptLog, validate.MaxAttemptLogBytes)
+}
+
 // RowColumns are the columns Lookup and Lock return, in order, and TakeDue after
 // the ctid and the queue: ScanRow and ScanTaken read them.
-const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, trace_context, start_by, priority`
+const RowColumns = `task_id, state, version, attempt, max_attempts, run_at, payload, trace_context, start_by, priority, concurrency_key`
 
 // NewStatements builds the statements for cfg.
 func NewStatements(cfg Config) Statements {
@@ -192,12 +239,32 @@ RETURNING ctid, queue, ` + RowColumns
 UNION ALL
 SELECT queue, 'queued', count(*) FROM %[1]s WHERE state = 'queued'%[2]s GROUP BY queue
 UNION ALL
-SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY queue`
-	return Statements{
+SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*) FROM %[1]s WHERE state = 'waiting'%[2]s GROUP BY queue`
+	// dueByMinute counts the live rows of each queue due before $1 + $2 minutes
+	// ($1 timestamptz, $2 minutes), by minute since $1: pending rows over
+	// delayq_outbox_pending_run_at_idx (a range of it, index-only: it carries the
+	// queue), overdue ones as minute -1 (the relay's lag); queued rows due from $1 on
+	// over delayq_outbox_queued_idx, which holds no run_at, so every queued row of
+	// the queues is read in the heap (those overdue are Redis's backlog, counted
+	// there). %[2]s: a filter on the queues. The minute is computed in float8
+	// (date_part), exact for differences within the hour to the microsecond, and
+	// 25-40 % faster than extract's numeric on 90,000 rows (BENCHMARKS.md).
+	const dueByMinute = `SELECT queue, minute, count(*) FROM (
+	SELECT queue, CASE WHEN run_at < $1::timestamptz THEN -1
+	                   ELSE floor(date_part('epoch', run_at - $1::timestamptz) / 60)::int END AS minute
+	FROM %[1]s WHERE state = 'pending' AND run_at < $1::timestamptz + $2::int * interval '1 minute'%[2]s
+	UNION ALL
+	SELECT queue, floor(date_part('epoch', run_at - $1::timestamptz) / 60)::int
+	FROM %[1]s WHERE state = 'queued' AND run_at >= $1::timestamptz
+	  AND run_at < $1::timestamptz + $2::int * interval '1 minute'%[2]s
+) AS d GROUP BY queue, minute`
+	s := Statements{
 		// $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs, $5 payload, $6 max_attempts,
 		// $7 trace_context or NULL, $8 start_by or NULL, $9 priority (0..9), $10 and $11
 		// the task_id and created_at of an enqueue into the same queue that notified
-		// moments ago, or NULL.
+		// moments ago, or NULL, $12 concurrency_key or NULL.
 		// A duplicate inserts nothing, returns no row and raises no error, so the caller's
 		// transaction goes on. Returns run_at, the notification count and created_at.
 		//
@@ -223,8 +290,8 @@ SELECT queue, 'dead', count(*) FROM %[1]s WHERE state = 'dead'%[2]s GROUP BY que
 		// trigger of migration 00015 notifies at this transaction's commit if the
 		// commit comes too late for those follow-up rounds.
 		Enqueue: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, notify_late)
-	SELECT $1, $2, v.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, concurrency_key, notify_late)
+	SELECT $1, $2, v.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint, $12::text,
 	       CASE WHEN %[2]s AND EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)
 	            THEN '%[3]s' END
 	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS v
@@ -243,8 +310,8 @@ SELECT run_at, %[4]s, created_at FROM ins`, table, soon, cfg.NotifyChannel,
 	            THEN NOT EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $2) ELSE false END AS late
 	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at) AS r
 ), ins AS (
-	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, notify_late)
-	SELECT $1, $2, due.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint,
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, concurrency_key, notify_late)
+	SELECT $1, $2, due.run_at, $5, $6, $7::text, $8::timestamptz, $9::smallint, $12::text,
 	       CASE WHEN %[2]s AND EXISTS (SELECT FROM %[1]s WHERE queue = $1 AND task_id = $10 AND created_at = $11::timestamptz)
 	            THEN '%[3]s' END
 	FROM due WHERE NOT due.late
@@ -261,7 +328,8 @@ SELECT due, -1, NULL FROM due WHERE late`, table, soon, cfg.NotifyChannel,
 		// interval of microseconds: added exactly, so the caller can tell the run_at
 		// from statement_timestamp()), $5 payload, $6 max_attempts, $7 trace_context
 		// (NULL for the whole batch when no task has one), $8 start_by (NULL: none),
-		// $9 priority (NULL for the whole batch when every task has 0).
+		// $9 priority (NULL for the whole batch when every task has 0), $10
+		// concurrency_key (NULL for the whole batch when no task has one).
 		//
 		// Rows are inserted in key order, so that two batches with common keys wait
 		// for each other instead of deadlocking: the caller sends the arrays sorted
@@ -292,14 +360,15 @@ SELECT due, -1, NULL FROM due WHERE late`, table, soon, cfg.NotifyChannel,
 	ORDER BY k.i
 	LIMIT 1
 ), ins AS (
-	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority)
-	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by, COALESCE(u.priority, 0)
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, concurrency_key)
+	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by, COALESCE(u.priority, 0), u.ckey
 	FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS task_id,
 	             unnest($3::timestamptz[]) AS run_at, unnest($4::interval[]) AS delay,
 	             unnest($5::bytea[]) AS payload, unnest($6::int[]) AS max_attempts,
 	             unnest(COALESCE($7::text[], '{}')) AS trace,
 	             unnest($8::timestamptz[]) AS start_by,
-	             unnest(COALESCE($9::smallint[], '{}')) AS priority) AS u
+	             unnest(COALESCE($9::smallint[], '{}')) AS priority,
+	             unnest(COALESCE($10::text[], '{}')) AS ckey) AS u
 	WHERE NOT EXISTS (SELECT FROM late)
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING queue, task_id, run_at
@@ -313,10 +382,64 @@ WHERE (SELECT n FROM c) < cardinality($2::text[])
 UNION ALL
 SELECT -2, late.due, late.i, ''::text, ''::text FROM late`, table, notify("d.queue", "(SELECT DISTINCT queue FROM ins WHERE "+soon+") AS d")),
 
+		// EnqueueReplace is Enqueue with a conflict policy (outbox Task.Replace,
+		// Task.Debounce): $1 queue, $2 task_id, $3 run_at or NULL, $4 delay in µs,
+		// $5 payload, $6 max_attempts, $7 trace_context or NULL, $8 priority, $9 the
+		// policy (ConflictReplace, ConflictKeepRunAt, ConflictDebounce), $10 the
+		// debounce window in µs, $11 the debounce's maximum wait in µs (0: none),
+		// $12 concurrency_key or NULL (an insert's; a replace keeps the row's).
+		//
+		// A new key is inserted (version 1); a debounced one is due after the window,
+		// capped at created_at (the transaction's start) plus the maximum wait. An
+		// existing row still to run takes the payload and the due time as a new
+		// version, as a reschedule does: pending (a queued one keeps queued_at, so the
+		// relay replaces its copy in Redis at once, TakeDue's second branch), or
+		// waiting still. The due time: the new one (replace), the row's (keep run
+		// at), or the later of the row's and now plus the window, capped at the row's
+		// created_at plus the maximum wait (debounce: never earlier, so concurrent
+		// debounces leave it monotone). The unique key's arbiter makes it atomic: a
+		// concurrent insert or update of the key is waited for and the update applies
+		// to its result (READ COMMITTED).
+		//
+		// Not applied (no row returned, the row locked all the same): a queued row
+		// already due (its worker may be running it), a finished row, or a start
+		// deadline before the new due time; ConflictRow tells which. Returns the
+		// version (1: inserted), run_at and the notification count: at every commit
+		// (no cooldown) when the row is pending and due within NotifyWithin or its
+		// older version is in Redis.
+		EnqueueReplace: fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %[1]s AS t (queue, task_id, run_at, payload, max_attempts, trace_context, priority, concurrency_key)
+	SELECT $1, $2, CASE WHEN $9::smallint = %[4]d
+	                    THEN CASE WHEN $11::bigint > 0 THEN least(v.quiet, now() + $11::bigint * interval '1 microsecond') ELSE v.quiet END
+	                    ELSE v.run_at END,
+	       $5, $6, $7::text, $8::smallint, $12::text
+	FROM (SELECT COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond') AS run_at,
+	             statement_timestamp() + $10::bigint * interval '1 microsecond' AS quiet) AS v
+	ON CONFLICT (queue, task_id) DO UPDATE
+	SET payload = excluded.payload, run_at = %[2]s,
+	    state = CASE WHEN t.state = 'waiting' THEN 'waiting' ELSE 'pending' END, version = t.version + 1
+	WHERE (t.state IN ('pending', 'waiting') OR t.state = 'queued' AND t.run_at > statement_timestamp())
+	  AND (t.start_by IS NULL OR t.start_by >= greatest(%[2]s, statement_timestamp()))
+	RETURNING t.version, t.run_at, t.state, t.queued_at
+)
+SELECT version, run_at, %[3]s FROM ins`, table,
+			fmt.Sprintf(`CASE $9::smallint WHEN %d THEN excluded.run_at WHEN %d THEN t.run_at
+	    ELSE greatest(t.run_at, CASE WHEN $11::bigint > 0
+	        THEN least(statement_timestamp() + $10::bigint * interval '1 microsecond', t.created_at + $11::bigint * interval '1 microsecond')
+	        ELSE statement_timestamp() + $10::bigint * interval '1 microsecond' END) END`, ConflictReplace, ConflictKeepRunAt),
+			notify("$1::text", "(SELECT 1 FROM ins WHERE state = 'pending' AND (queued_at IS NOT NULL OR "+soon+")) AS v"), ConflictDebounce),
+		// $1 queue, $2 task_id: the row EnqueueReplace left, locked by it: whether
+		// it has yet to finish (pending, queued, waiting), whether it is queued and
+		// due (its worker may be running it), its start deadline. No row: none.
+		ConflictRow: fmt.Sprintf(`SELECT state IN ('pending', 'queued', 'waiting'), state = 'queued' AND run_at <= statement_timestamp(), start_by
+FROM %s WHERE queue = $1 AND task_id = $2`, table),
+
 		// $1 queue, $2 task_id.
+		// A waiting task (workflow) is cancelled too; its own dependents settle
+		// in the same statement (migration 00021's trigger).
 		Cancel: fmt.Sprintf(`UPDATE %s
 SET state = 'cancelled', done_at = statement_timestamp(), payload = %s
-WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')`, table, clear),
+WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued', 'waiting')`, table, clear),
 
 		// $1 queue, $2 task_id, $3 run_at. Back to pending with a new version: the relay
 		// puts it in Redis again, replacing the older version there, and a worker holding
@@ -325,15 +448,96 @@ WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')`, table, cl
 		// (TakeDue), and it notifies at commit whatever its run_at, so the older version
 		// is replaced within the relay's lag, not after a poll.
 		// A start deadline before the new run time (or already past) refuses the
-		// move, as it refuses an enqueue: the task could never start.
+		// move, as it refuses an enqueue: the task could never start. A waiting
+		// task (workflow) keeps waiting, with the new run time and version.
 		Reschedule: fmt.Sprintf(`WITH upd AS (
 	UPDATE %s
-	SET run_at = $3, state = 'pending', version = version + 1
-	WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued')
+	SET run_at = $3, state = CASE WHEN state = 'waiting' THEN 'waiting' ELSE 'pending' END, version = version + 1
+	WHERE queue = $1 AND task_id = $2 AND state IN ('pending', 'queued', 'waiting')
 	  AND (start_by IS NULL OR start_by >= greatest($3, statement_timestamp()))
-	RETURNING version, run_at, queued_at
+	RETURNING version, run_at, queued_at, state
 )
-SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHERE queued_at IS NOT NULL OR "+soon+") AS v")),
+SELECT version, %s FROM upd`, table, notify("$1::text", "(SELECT 1 FROM upd WHERE state = 'pending' AND (queued_at IS NOT NULL OR "+soon+")) AS v")),
+
+		// $1 queue, $2 task_id, $3 version, $4 result: the run of that version
+		// stores its result, in its handler's transaction (before the guard,
+		// which commits with it). Nothing for another version or a finished row:
+		// the guard refuses that run anyway.
+		SetResult: fmt.Sprintf(`UPDATE %s SET result = $4
+WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
+		// $1 queue, $2 task_id.
+		ReadResult: fmt.Sprintf(`SELECT state, result FROM %s WHERE queue = $1 AND task_id = $2`, table),
+
+		// EnqueueWaiting is the insert of a task waiting on others (package
+		// workflow; migration 00021). $1 queue, $2 task_id, $3 run_at or NULL, $4
+		// delay in µs, $5 payload, $6 max_attempts, $7 trace_context or NULL, $8
+		// start_by or NULL, $9 priority; arrays $10 the dependencies' queues, $11
+		// their ids, $12 their policies (fail, skip, run), without duplicates; $13
+		// concurrency_key or NULL.
+		//
+		// The dependencies' rows are locked (in key order: two enqueues wait for
+		// each other rather than deadlock), so a completion of one either
+		// committed before (this statement sees it finished) or waits for this
+		// transaction (its trigger then finds the edge). Those finished count at
+		// once: done, or dead or cancelled with the policy run; a dead or
+		// cancelled one with the policy fail makes the new task dead (and marked
+		// for its OnDead hook), with skip cancelled, the first such in the
+		// arrays' order giving the reason. Otherwise the task is pending when
+		// none is left (the relay notified), else waiting with waits_for the
+		// unfinished ones, each of which gets an edge and its has_dependents flag.
+		//
+		// Nothing is written when a dependency has no row: the one row returned
+		// then names the missing ones (1-based positions). Else it gives the
+		// insert's run_at and state, NULL for a duplicate (the key exists:
+		// nothing written, its dependencies untouched).
+		EnqueueWaiting: fmt.Sprintf(`WITH k AS (
+	SELECT * FROM unnest($10::text[], $11::text[], $12::text[]) WITH ORDINALITY AS k(queue, task_id, on_failure, i)
+), d AS (
+	SELECT o.queue, o.task_id, o.state, k.on_failure, k.i,
+	       'dependency ' || o.queue || '/' || o.task_id || ' ' || o.state
+	       || CASE WHEN COALESCE(o.last_error, '') <> '' THEN ': ' || o.last_error ELSE '' END AS reason
+	FROM %[1]s o JOIN k ON o.queue = k.queue AND o.task_id = k.task_id
+	ORDER BY o.queue, o.task_id
+	FOR UPDATE OF o
+), s AS (
+	SELECT count(*) AS found,
+	       count(*) FILTER (WHERE state IN ('pending', 'queued', 'waiting')) AS open,
+	       left((array_agg(reason ORDER BY i) FILTER (WHERE state IN ('dead', 'cancelled') AND on_failure = 'fail'))[1], 1024) AS fail,
+	       left((array_agg(reason ORDER BY i) FILTER (WHERE state IN ('dead', 'cancelled') AND on_failure = 'skip'))[1], 1024) AS skip
+	FROM d
+), ins AS (
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority,
+	                   concurrency_key, state, waits_for, last_error, done_at, hook_due)
+	SELECT $1, $2, COALESCE($3::timestamptz, statement_timestamp() + $4::bigint * interval '1 microsecond'),
+	       $5, $6, $7::text, $8::timestamptz, $9::smallint, $13::text,
+	       CASE WHEN s.fail IS NOT NULL THEN 'dead' WHEN s.skip IS NOT NULL THEN 'cancelled'
+	            WHEN s.open = 0 THEN 'pending' ELSE 'waiting' END,
+	       CASE WHEN s.fail IS NULL AND s.skip IS NULL AND s.open > 0 THEN s.open END,
+	       COALESCE(s.fail, s.skip),
+	       CASE WHEN s.fail IS NOT NULL OR s.skip IS NOT NULL THEN statement_timestamp() END,
+	       CASE WHEN s.fail IS NOT NULL THEN statement_timestamp() END
+	FROM s WHERE s.found = cardinality($10::text[])
+	ON CONFLICT (queue, task_id) DO NOTHING
+	RETURNING run_at, state
+), flag AS (
+	UPDATE %[1]s o SET has_dependents = true
+	FROM d, ins
+	WHERE ins.state = 'waiting' AND d.state IN ('pending', 'queued', 'waiting')
+	  AND o.queue = d.queue AND o.task_id = d.task_id AND o.has_dependents IS NOT TRUE
+	RETURNING 1
+), edges AS (
+	INSERT INTO %[2]s (queue, task_id, dep_queue, dep_task_id, on_failure, channel)
+	SELECT d.queue, d.task_id, $1, $2, d.on_failure, '%[3]s'
+	FROM d, ins
+	WHERE ins.state = 'waiting' AND d.state IN ('pending', 'queued', 'waiting')
+	RETURNING 1
+)
+SELECT ins.run_at, ins.state,
+       ARRAY(SELECT k.i::int FROM k WHERE NOT EXISTS (SELECT FROM d WHERE d.i = k.i) ORDER BY k.i),
+       (SELECT count(*) FROM flag) + (SELECT count(*) FROM edges),
+       (SELECT count(*) FROM (SELECT pg_notify(CASE WHEN ins.state = 'pending' THEN '%[3]s' ELSE '%[4]s' END, $1::text)
+                              FROM ins WHERE ins.state IN ('pending', 'dead')) AS n)
+FROM (SELECT 1) AS one LEFT JOIN ins ON true`, table, cfg.depsTable(), cfg.NotifyChannel, cfg.HookChannel()),
 
 		// $1 queue, $2 task_id.
 		Row: fmt.Sprintf(`SELECT state, version, COALESCE(last_error, ''), start_by FROM %s WHERE queue = $1 AND task_id = $2`, table),
@@ -408,15 +612,29 @@ WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone),
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
 		// $7 the delay before the next run in µs, $8 a dead task's OnDead hook is
 		// still to run (the hook-pending mark; the worker that records it wakes its
-		// own sweep). A retry writes its next run time, so a Redis rebuilt from
-		// Postgres keeps the backoff.
+		// own sweep), $9 the error for the attempt history, $10 a panic's stack
+		// (NULL: none). A retry writes its next run time, so a Redis rebuilt from
+		// Postgres keeps the backoff. The run is appended to the attempt history
+		// (retried or dead); $9 NULL appends nothing: the death of a run whose retry
+		// is recorded already (Redis counted its attempts out) turns that entry dead.
 		RecordFailure: fmt.Sprintf(`UPDATE %s
 SET attempt = $4, last_error = $5,
+    attempt_log = CASE WHEN $9::text IS NOT NULL THEN `+logAppend("attempt_log", `$4::int, $3::int, CASE WHEN $6::boolean THEN 'dead' ELSE 'retried' END, $9::text, $10::text`)+`
+                       WHEN $6::boolean AND jsonb_typeof(attempt_log) = 'array' THEN jsonb_set(attempt_log, '{-1,outcome}', '"dead"')
+                       ELSE attempt_log END,
     state = CASE WHEN $6::boolean THEN 'dead' ELSE state END,
     done_at = CASE WHEN $6::boolean THEN statement_timestamp() ELSE done_at END,
     run_at = CASE WHEN $6::boolean THEN run_at ELSE statement_timestamp() + $7::bigint * interval '1 microsecond' END,
     hook_due = CASE WHEN $6::boolean AND $8::boolean THEN statement_timestamp() ELSE hook_due END
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
+
+		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 error: a run that
+		// failed after its lease was lost, appended to the attempt history
+		// (lease_lost) whatever the row's state at that version; nothing else
+		// changes (the run that holds the task now decides).
+		NoteLost: fmt.Sprintf(`UPDATE %s
+SET attempt_log = `+logAppend("attempt_log", `$4::int, $3::int, 'lease_lost', $5::text, NULL::text`)+`
+WHERE queue = $1 AND task_id = $2 AND version = $3`, table),
 
 		// $1 queue, $2 task_id, $3 version, $4 the delay before the next run in µs:
 		// a run that asked to run again later (or whose dead hook failed). The
@@ -426,10 +644,12 @@ WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'que
 SET run_at = statement_timestamp() + $4::bigint * interval '1 microsecond'
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table),
 
-		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 reason: a run that
-		// cancelled its task (its effect rolled back).
+		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 reason, $6 the reason
+		// for the attempt history: a run that cancelled its task (its effect
+		// rolled back).
 		CancelRun: fmt.Sprintf(`UPDATE %s
-SET state = 'cancelled', done_at = statement_timestamp(), attempt = $4, last_error = $5, payload = %s
+SET state = 'cancelled', done_at = statement_timestamp(), attempt = $4, last_error = $5, payload = %s,
+    attempt_log = `+logAppend("attempt_log", `$4::int, $3::int, 'cancelled', $6::text, NULL::text`)+`
 WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'queued')`, table, clear),
 
 		// $1 queue, $2 task_id, $3 version, $4 reason: a task claimed after its
@@ -466,7 +686,8 @@ SELECT (SELECT count(*) FROM upd), %s`, table, notifyHook),
 		// Returns the keys it marked dead.
 		MarkDead: fmt.Sprintf(`WITH upd AS (
 	UPDATE %s AS o
-	SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now(), hook_due = now()
+	SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now(), hook_due = now(),
+	    attempt_log = `+logAppend("o.attempt_log", `u.attempt, u.version, 'lease_expired', NULL::text, NULL::text`)+`
 	FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
 	WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
 	  AND o.state IN ('pending', 'queued')
@@ -551,12 +772,15 @@ WHERE ctid = ANY(ARRAY(
 		StateCounts:     fmt.Sprintf(`SELECT queue, state, count(*) FROM %s GROUP BY queue, state`, table),
 		StateCountsSome: fmt.Sprintf(`SELECT queue, state, count(*) FROM %s WHERE queue = ANY($1::text[]) GROUP BY queue, state`, table),
 
-		// The live and dead rows of each queue (pending, queued, dead), exactly,
+		// The live, dead and waiting rows of each queue, exactly,
 		// each state by an index-only scan of its partial index (every one holds the
 		// queue); LiveCountsSome: of the queues $1. They cost what those rows are,
 		// whatever the number of finished rows.
 		LiveCounts:     fmt.Sprintf(liveCounts, table, ""),
 		LiveCountsSome: fmt.Sprintf(liveCounts, table, " AND queue = ANY($1::text[])"),
+		// $1 start, $2 minutes (and $3 queues): dueByMinute above.
+		DueByMinute:     fmt.Sprintf(dueByMinute, table, ""),
+		DueByMinuteSome: fmt.Sprintf(dueByMinute, table, " AND queue = ANY($3::text[])"),
 		// $1 schema. The table's row count as the planner estimates it (the last
 		// VACUUM or ANALYZE's count scaled to the table's current size, as the
 		// planner does), and, one row each, the done and cancelled shares of each
@@ -675,4 +899,17 @@ USING (`+deadRows+`) AS d
 WHERE o.queue = d.queue AND o.task_id = d.task_id
 RETURNING o.queue, o.task_id, o.version`, table),
 	}
+	batchStatements(&s, cfg)
+	return s
 }
+
+// The conflict policies of EnqueueReplace ($9).
+const (
+	// ConflictReplace replaces the payload and the due time with the new ones.
+	ConflictReplace = 1
+	// ConflictKeepRunAt replaces the payload and keeps the row's due time.
+	ConflictKeepRunAt = 2
+	// ConflictDebounce replaces the payload and pushes the due time back by the
+	// window, capped at created_at plus the maximum wait.
+	ConflictDebounce = 3
+)

@@ -32,6 +32,7 @@ const (
 	Done      = delayqtype.StateDone
 	Dead      = delayqtype.StateDead
 	Cancelled = delayqtype.StateCancelled
+	Waiting   = delayqtype.StateWaiting
 )
 
 // States lists every state, live ones first.
@@ -56,6 +57,11 @@ const (
 	Retention Actor = "retention" // the relay's pruning of old finished rows
 	Reconcile Actor = "reconcile" // the repair of Redis from Postgres (reconcile, the relay's healing)
 	Test      Actor = "test"      // package delayqtest, running a task now in a user's test
+	// Dependency: the transition that finishes a task's last dependency (any
+	// of complete, fail-dead, run-cancel, miss-deadline, reap-dead,
+	// relay-invalid, cancel), in its transaction, through the trigger of
+	// migration 00021.
+	Dependency Actor = "dependency"
 )
 
 // Transition is one edge of the state machine.
@@ -106,8 +112,8 @@ var Transitions = []Transition{
 	{Name: "relay-invalid", From: []State{Pending}, To: Dead, By: Relay,
 		Postgres: "MarkInvalid (marked for the queue's OnDead hook: dead-hook)", Order: PostgresOnly, Version: "kept", Op: "MarkInvalid"},
 	{Name: "complete", From: []State{Pending, Queued}, To: Done, By: Worker,
-		Postgres: "Guard, GuardAbort, GuardMany, GuardGroup", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept",
-		Op: "MarkDone, CommitDone, CommitDoneSQL, MarkDoneMany, CommitGroup, DoneWithoutRow, AckDone"},
+		Postgres: "Guard, GuardAbort, GuardMany, GuardGroup; delayq_complete (migration 00027: an exec command's own transaction; the worker reads the row and acks: DoneByHandler)", Redis: "complete (token)", Order: PostgresThenRedis, Version: "kept",
+		Op: "MarkDone, CommitDone, CommitDoneSQL, MarkDoneMany, CommitGroup, DoneWithoutRow, DoneByHandler, AckDone"},
 	{Name: "fail-retry", From: []State{Pending, Queued}, To: Kept, By: Worker,
 		Postgres: "RecordFailure (attempt, error, next run_at)", Redis: "retry (token)", Order: PostgresThenRedis, Version: "kept", Op: "Retry"},
 	{Name: "fail-dead", From: []State{Pending, Queued}, To: Dead, By: Worker,
@@ -127,19 +133,29 @@ var Transitions = []Transition{
 	{Name: "release", From: []State{Pending, Queued}, To: Kept, By: Worker,
 		Postgres: "none (a run a shutdown interrupted: the row is unchanged)", Redis: "release (token)",
 		Order: RedisOnly, Version: "kept", Op: "Release"},
+	{Name: "lease-lost", From: States, To: Kept, By: Worker,
+		Postgres: "NoteLost (a run that failed after its lease was lost, in the attempt history alone)",
+		Order:    PostgresOnly, Version: "kept", Op: "NoteLost"},
 	{Name: "reap-dead", From: []State{Pending, Queued}, To: Dead, By: Reaper,
 		Postgres: "MarkDead (marked for the queue's OnDead hook: dead-hook)", Redis: "reap holds it; then repair kill, or remove if the row finished",
 		Order: PostgresThenRedis, Version: "kept", Op: "Reap, SettleExhausted"},
 	{Name: "dead-hook", From: []State{Dead}, To: Kept, By: Worker,
 		Postgres: "TakeDeadHook (clears the mark), with the queue's OnDead hook in its transaction; DelayDeadHook marks it again after a hook that failed",
 		Order:    PostgresOnly, Version: "kept", Op: "TakeDeadHook, DelayDeadHook"},
-	{Name: "cancel", From: []State{Pending, Queued}, To: Cancelled, By: Producer,
+	{Name: "cancel", From: []State{Pending, Queued, Waiting}, To: Cancelled, By: Producer,
 		Postgres: "Cancel", Order: PostgresOnly, Version: "kept", Op: "Cancel"},
 	{Name: "cancel-remove", From: []State{Done, Dead, Cancelled}, To: Kept, By: Operator,
 		Postgres: "Row (read: finished or gone)", Redis: "repair remove (that version or older)", Order: RedisFollowsRow, Version: "kept",
 		Op: "RemoveFinished"},
 	{Name: "reschedule", From: []State{Pending, Queued}, To: Pending, By: Producer,
 		Postgres: "Reschedule", Order: PostgresOnly, Version: "+1", Op: "Reschedule"},
+	{Name: "reschedule-waiting", From: []State{Waiting}, To: Kept, By: Producer,
+		Postgres: "Reschedule (the run time alone: it still waits)", Order: PostgresOnly, Version: "+1", Op: "Reschedule"},
+	{Name: "enqueue-replace", From: []State{Pending, Queued}, To: Pending, By: Producer,
+		Postgres: "EnqueueReplace (Task.Replace or Task.Debounce on an existing key: payload and due time; a queued row only while not yet due, keeping queued_at as a reschedule does)",
+		Order:    PostgresOnly, Version: "+1", Op: "outbox.Client.Enqueue"},
+	{Name: "enqueue-replace-waiting", From: []State{Waiting}, To: Kept, By: Producer,
+		Postgres: "EnqueueReplace (payload and due time: it still waits)", Order: PostgresOnly, Version: "+1", Op: "outbox.Client.Enqueue"},
 	{Name: "dead-retry", From: []State{Dead}, To: Pending, By: Operator,
 		Postgres: "RetryDead (drops a mark whose hook has not run)", Order: PostgresOnly, Version: "+1", Op: "RetryDead"},
 	{Name: "dead-edit-retry", From: []State{Dead}, To: Pending, By: Operator,
@@ -155,6 +171,30 @@ var Transitions = []Transition{
 	{Name: "repair", From: States, To: Kept, By: Reconcile,
 		Postgres: "Lock (the rows read and held locked)", Redis: "repair restore, kill or remove (compare-and-set on the probe)",
 		Order: RedisUnderRowLock, Version: "kept", Op: "Repair"},
+	{Name: "enqueue-waiting", To: Waiting, By: Producer,
+		Postgres: "EnqueueWaiting (the dependencies locked and flagged, an edge each in delayq_deps; pending at once when every one is done, dead or cancelled when one failed as its policy says)",
+		Order:    PostgresOnly, Version: "1", Op: "workflow.Client.Enqueue, workflow.Client.Chain"},
+	{Name: "set-result", From: []State{Pending, Queued}, To: Kept, By: Worker,
+		Postgres: "SetResult (a transactional handler's result, in its run's transaction: it commits with the completion or not at all)",
+		Order:    PostgresOnly, Version: "kept", Op: "workflow.Client.SetResult"},
+	{Name: "dep-release", From: []State{Waiting}, To: Pending, By: Dependency,
+		Postgres: "trigger delayq_outbox_release: the last dependency finished (done, or dead or cancelled with the policy run); the relay notified at commit",
+		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_release"},
+	{Name: "dep-fail", From: []State{Waiting}, To: Dead, By: Dependency,
+		Postgres: "trigger delayq_outbox_release: a dependency with the policy fail ended dead or cancelled (the reason in last_error; marked for the queue's OnDead hook: dead-hook); its own dependents settle in the same statement",
+		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_release"},
+	{Name: "dep-skip", From: []State{Waiting}, To: Cancelled, By: Dependency,
+		Postgres: "trigger delayq_outbox_release: a dependency with the policy skip ended dead or cancelled (the reason in last_error); its own dependents settle in the same statement",
+		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_release"},
+	{Name: "enqueue-batch", To: Waiting, By: Producer,
+		Postgres: "EnqueueBatch (the callback waiting with a new batch id, its children pending with it, the counter row in delayq_batches; one statement); ReleaseBatch when no child was inserted (the callback pending at once)",
+		Order:    PostgresOnly, Version: "1", Op: "workflow.Client.Batch"},
+	{Name: "batch-release", From: []State{Waiting}, To: Pending, By: Dependency,
+		Postgres: "trigger delayq_outbox_batch: a child's finish (done, dead or cancelled, by any transition) counted in its batch's counter row, its batch_id cleared in the same row version; the finish that takes the count to 0 makes the callback pending; the relay notified at commit",
+		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_batch"},
+	{Name: "workflow-cancel", From: []State{Pending, Queued, Waiting}, To: Cancelled, By: Producer,
+		Postgres: "CancelBatch (a batch's children not finished, locked in key order, counted in one update of the counter), then Cancel (its callback); CancelTasks (the tasks connected by dependencies still waiting, locked in dependency order)",
+		Order:    PostgresOnly, Version: "kept", Op: "workflow.Client.Cancel"},
 }
 
 // Table renders Transitions as the Markdown table docs/DESIGN.md shows.

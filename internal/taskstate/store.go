@@ -236,6 +236,13 @@ type Failure struct {
 	// HookPending marks a death whose OnDead hook did not run in its
 	// transaction: a worker's sweep runs it (TakeDeadHook).
 	HookPending bool
+	// Stack is a panic's stack, kept in the attempt history (cut to
+	// validate.MaxStackBytes); "" for none.
+	Stack string
+	// Recorded: this run is in the attempt history already (its retry was
+	// recorded, then Redis counted its attempts out): its entry turns dead and
+	// nothing is appended.
+	Recorded bool
 }
 
 // RecordFailure records a failed run: its attempt and error and, for a retry, the
@@ -249,10 +256,36 @@ func (s *Store) RecordFailure(ctx context.Context, q Querier, f Failure) (bool, 
 	if f.Attempt < 0 || f.Attempt > validate.MaxAttempts {
 		return false, fmt.Errorf("%w: record failure %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, f.Queue, f.ID, f.Attempt, validate.MaxAttempts)
 	}
+	var logErr, stack *string
+	if !f.Recorded {
+		logErr = ptr(validate.Cut(f.Err, validate.MaxAttemptErrorBytes))
+		if f.Stack != "" {
+			stack = ptr(validate.Cut(f.Stack, validate.MaxStackBytes))
+		}
+	}
 	tag, err := q.Exec(ctx, s.SQL.RecordFailure, f.Queue, f.ID, int32(f.Version), int32(f.Attempt),
-		validate.ErrorSummary(f.Err), f.Dead, max(f.Delay, 0).Microseconds(), f.HookPending)
+		validate.ErrorSummary(f.Err), f.Dead, max(f.Delay, 0).Microseconds(), f.HookPending, logErr, stack)
 	if err != nil {
 		return false, fmt.Errorf("record failure %s/%s: %w", f.Queue, f.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func ptr(s string) *string { return &s }
+
+// NoteLost appends a run that failed after its lease was lost (attempt, its
+// error) to the attempt history of k's row at k's version, whatever its state,
+// changing nothing else; it reports whether the row was there.
+func (s *Store) NoteLost(ctx context.Context, q Querier, k Key, attempt int, msg string) (bool, error) {
+	if err := checkKey(k); err != nil {
+		return false, err
+	}
+	if attempt < 0 || attempt > validate.MaxAttempts {
+		return false, fmt.Errorf("%w: note lost run %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, k.Queue, k.ID, attempt, validate.MaxAttempts)
+	}
+	tag, err := q.Exec(ctx, s.SQL.NoteLost, k.Queue, k.ID, int32(k.Version), int32(attempt), validate.Cut(msg, validate.MaxAttemptErrorBytes))
+	if err != nil {
+		return false, fmt.Errorf("note lost run %s/%s: %w", k.Queue, k.ID, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -289,7 +322,8 @@ func (s *Store) CancelRun(ctx context.Context, q Querier, k Key, attempt int, re
 	if attempt < 0 || attempt > validate.MaxAttempts {
 		return false, fmt.Errorf("%w: cancel %s/%s: attempt %d outside 0..%d", ErrInvalidArgument, k.Queue, k.ID, attempt, validate.MaxAttempts)
 	}
-	tag, err := q.Exec(ctx, s.SQL.CancelRun, k.Queue, k.ID, int32(k.Version), int32(attempt), validate.ErrorSummary(reason))
+	tag, err := q.Exec(ctx, s.SQL.CancelRun, k.Queue, k.ID, int32(k.Version), int32(attempt), validate.ErrorSummary(reason),
+		validate.Cut(reason, validate.MaxAttemptErrorBytes))
 	if err != nil {
 		return false, fmt.Errorf("cancel %s/%s: %w", k.Queue, k.ID, err)
 	}

@@ -27,6 +27,8 @@ type RedisRow struct {
 	// StartBy is the start deadline, nil for none (NULL).
 	StartBy  *time.Time
 	Priority int
+	// ConcurrencyKey is the task's concurrency key, nil for none (NULL).
+	ConcurrencyKey *string
 }
 
 // Task is the one encoder of an outbox row into the task the enqueue and repair
@@ -44,6 +46,9 @@ func (r RedisRow) Task() dispatch.Task {
 	if r.StartBy != nil {
 		t.StartBy = *r.StartBy
 	}
+	if r.ConcurrencyKey != nil {
+		t.Key = *r.ConcurrencyKey
+	}
 	return t
 }
 
@@ -58,7 +63,7 @@ func ScanRow(row pgx.CollectableRow) (RedisRow, error) {
 // columns are the scan targets of RowColumns, in order.
 func (r *RedisRow) columns() []any {
 	return []any{&r.ID, &r.State, &r.Version, &r.Attempt, &r.MaxAttempts, &r.RunAt, &r.Payload,
-		&r.TraceContext, &r.StartBy, &r.Priority}
+		&r.TraceContext, &r.StartBy, &r.Priority, &r.ConcurrencyKey}
 }
 
 // Taken is one row of a relay round, as TakeDue returns it: its ctid, its queue

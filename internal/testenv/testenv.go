@@ -54,11 +54,15 @@ type env struct {
 // test binaries link this package.
 var shared env
 
-// Main runs the tests of a package, then stops the servers they shared and checks
-// that no goroutine leaked. Call it from TestMain.
-func Main(m *testing.M) {
+// Main runs the tests of a package, then runs cleanups (what the package's tests
+// shared: a built binary, say), stops the servers they shared and checks that no
+// goroutine leaked. Call it from TestMain.
+func Main(m *testing.M, cleanups ...func()) {
 	before := goleak.IgnoreCurrent()
 	code := m.Run()
+	for _, c := range cleanups {
+		c()
+	}
 	shared.close()
 	if code == 0 {
 		// Find retries for about 0.4 s; go-redis's background redial sleeps a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/validate"
 )
 
 // The claim outcomes (the worker's transitions): done, fail-retry, fail-dead,
@@ -186,6 +187,23 @@ func DoneWithoutRow(c Claim, row taskstate.RowState) (d Done, ok bool) {
 	return done(c), true
 }
 
+// ErrCompletedByHandler is what a handler returns when it completed its task
+// itself, in a transaction of its own (`delayq worker --transactional`: the
+// command calls delayq_complete): the worker then reads the row instead of
+// running its guard (DoneByHandler).
+var ErrCompletedByHandler = errors.New("transition: the handler completed its task itself")
+
+// DoneByHandler is the completion a handler committed itself: ok when row is
+// done at the claim's version, which only that run's completion can have written
+// (the guard admits one completion per version). Otherwise the row's state
+// decides, as for a refused completion.
+func DoneByHandler(c Claim, row taskstate.RowState) (d Done, ok bool) {
+	if !row.Exists || row.State != taskstate.Done || row.Version != c.Version {
+		return Done{}, false
+	}
+	return done(c), true
+}
+
 // AckDone tells Redis of completions Postgres committed, with one complete call
 // for them all (they must be of one queue): acked[i] false means ds[i]'s lease
 // was lost (another holder has the task; the guard refuses its run). Refused
@@ -225,8 +243,11 @@ func (o *Ops) AckDone(ctx context.Context, ds []Done) (acked []bool, err error) 
 type Failure struct {
 	// Attempt is the run that failed (1 for the first).
 	Attempt int
-	// Err is its error (a summary is kept).
+	// Err is its error, whole: a summary of it is kept as the task's last error
+	// (Postgres and Redis), a longer cut in the attempt history.
 	Err string
+	// Stack is a panic's stack, for the attempt history ("" for none).
+	Stack string
 }
 
 // RetryOutcome is what Retry did.
@@ -249,7 +270,7 @@ type RetryOutcome struct {
 // lease.
 func (o *Ops) Retry(ctx context.Context, db taskstate.Querier, c Claim, f Failure, delay time.Duration, hookPending bool) (RetryOutcome, error) {
 	var out RetryOutcome
-	applied, err := o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Delay: delay})
+	applied, err := o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Stack: f.Stack, Delay: delay})
 	switch {
 	case err != nil:
 		out.PostgresErr = err
@@ -258,7 +279,7 @@ func (o *Ops) Retry(ctx context.Context, db taskstate.Querier, c Claim, f Failur
 	}
 	out.Applied = true
 	c.redis()
-	dead, err := o.dq.Retry(ctx, c.Queue, c.ID, c.Token, delay, f.Err)
+	dead, err := o.dq.Retry(ctx, c.Queue, c.ID, c.Token, delay, validate.ErrorSummary(f.Err))
 	if err != nil {
 		return out, err
 	}
@@ -266,7 +287,10 @@ func (o *Ops) Retry(ctx context.Context, db taskstate.Querier, c Claim, f Failur
 		// The death is in Redis already: a hook could not roll it back, so the
 		// row is marked for the sweep instead.
 		out.Dead = true
-		_, out.DeadErr = o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Dead: true, HookPending: hookPending})
+		// The run is in the attempt history already (retried): Recorded turns
+		// its entry dead.
+		_, out.DeadErr = o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Dead: true,
+			HookPending: hookPending, Recorded: out.PostgresErr == nil})
 	}
 	return out, nil
 }
@@ -275,12 +299,21 @@ func (o *Ops) Retry(ctx context.Context, db taskstate.Querier, c Claim, f Failur
 // is Postgres's: nothing was recorded, Redis untouched (the lease expires and
 // the reaper settles it).
 func (o *Ops) Kill(ctx context.Context, db taskstate.Querier, c Claim, f Failure) (Outcome, error) {
-	applied, err := o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Dead: true})
+	applied, err := o.store.RecordFailure(ctx, db, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Stack: f.Stack, Dead: true})
 	if err != nil || !applied {
 		return Outcome{}, err
 	}
 	c.redis()
-	return Outcome{Applied: true, RedisErr: o.dq.Kill(ctx, c.Queue, c.ID, c.Token, f.Err)}, nil
+	return Outcome{Applied: true, RedisErr: o.dq.Kill(ctx, c.Queue, c.ID, c.Token, validate.ErrorSummary(f.Err))}, nil
+}
+
+// NoteLost (no transition) appends a run that failed after its lease was lost to
+// the attempt history of its row at its version, whatever the row's state:
+// Postgres only, and nothing but the history changes (whoever holds the task now
+// decides its state).
+func (o *Ops) NoteLost(ctx context.Context, db taskstate.Querier, c Claim, f Failure) error {
+	_, err := o.store.NoteLost(ctx, db, c.Key, f.Attempt, f.Err)
+	return err
 }
 
 // Beginner begins transactions: *pgxpool.Pool, or the worker's DB.
@@ -298,9 +331,9 @@ type Hook func(ctx context.Context, tx pgx.Tx) error
 // did not commit and Redis was not written.
 func (o *Ops) KillTx(ctx context.Context, db Beginner, c Claim, f Failure, hook Hook) (Outcome, error) {
 	record := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-		return o.store.RecordFailure(ctx, tx, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Dead: true})
+		return o.store.RecordFailure(ctx, tx, taskstate.Failure{Key: c.Key, Attempt: f.Attempt, Err: f.Err, Stack: f.Stack, Dead: true})
 	}
-	return o.dieTx(ctx, db, c, record, hook, f.Err)
+	return o.dieTx(ctx, db, c, record, hook, validate.ErrorSummary(f.Err))
 }
 
 // MissDeadline (miss-deadline) records dead, with reason, a task claimed after

@@ -26,14 +26,15 @@ var (
 	clientNames = []string{"dq", "DelayQ", "Redis"}
 	// writeStatements are the fields of taskstate.Statements that write the
 	// outbox table.
-	writeStatements = []string{"Enqueue", "EnqueueStartBy", "EnqueueMany", "Cancel", "Reschedule",
-		"Guard", "GuardAbort", "GuardMany", "GuardGroup", "RecordFailure", "Snooze", "CancelRun", "MissDeadline",
+	writeStatements = []string{"Enqueue", "EnqueueStartBy", "EnqueueMany", "EnqueueReplace", "Cancel", "Reschedule",
+		"Guard", "GuardAbort", "GuardMany", "GuardGroup", "RecordFailure", "NoteLost", "Snooze", "CancelRun", "MissDeadline",
 		"TakeDeadHook", "DelayDeadHook", "TakeDue", "TakeDueQueues", "MarkInvalid", "MarkDead", "Prune",
-		"RetryDead", "RetryDeadEdited", "PurgeDead"}
+		"RetryDead", "RetryDeadEdited", "PurgeDead", "EnqueueWaiting", "SetResult",
+		"EnqueueBatch", "ReleaseBatch", "CancelBatch", "CancelTasks"}
 	// statementNames are the names the module gives a taskstate.Statements.
 	statementNames = []string{"SQL", "sql", "st", "statements"}
 	// storeWrites are the methods of taskstate.Store that write the outbox.
-	storeWrites = []string{"MarkDone", "MarkDoneMany", "MarkDoneSQL", "QueueGuardGroup", "RecordFailure",
+	storeWrites = []string{"MarkDone", "MarkDoneMany", "MarkDoneSQL", "QueueGuardGroup", "RecordFailure", "NoteLost",
 		"Snooze", "CancelRun", "MissDeadline", "TakeDeadHook", "DelayDeadHook"}
 )
 
@@ -48,8 +49,10 @@ var exceptions = []exception{
 	{dir: "internal/transition", reason: "the owner"},
 	{dir: "internal/taskstate", reason: "defines the statements and the Store methods the owner runs"},
 	{dir: "internal/dispatch", reason: "the Redis engine defines the scripts' methods"},
-	{dir: "outbox", may: []string{"Enqueue", "EnqueueStartBy", "EnqueueMany"},
-		reason: "the producer's insert (enqueue: Postgres only, in the caller's transaction, on pgx or database/sql)"},
+	{dir: "outbox", may: []string{"Enqueue", "EnqueueStartBy", "EnqueueMany", "EnqueueReplace"},
+		reason: "the producer's insert (enqueue, and enqueue-replace of its key's row: Postgres only, in the caller's transaction, on pgx or database/sql)"},
+	{dir: "workflow", may: []string{"EnqueueWaiting", "SetResult", "EnqueueBatch", "ReleaseBatch", "CancelBatch", "CancelTasks"},
+		reason: "the insert of a waiting task (enqueue-waiting) or a batch (enqueue-batch) and the cancel of a workflow (workflow-cancel): Postgres only, in the caller's transaction; and a handler's result (set-result, in its run's transaction)"},
 	{dir: "internal/bench", files: []string{"memory.go", "bounds.go"}, may: []string{"Enqueue"},
 		reason: "benchmarks of the Redis engine alone seed it without an outbox"},
 }

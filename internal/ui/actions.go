@@ -280,7 +280,7 @@ func (h *Handler) actEditRetry(w http.ResponseWriter, r *http.Request, p *page) 
 	if err == nil && r.PostForm.Get("kind") == "json" {
 		var buf bytes.Buffer
 		if err = json.Compact(&buf, payload); err != nil {
-			err = fmt.Errorf("the payload was JSON and the edit is not: %w", err)
+			err = fmt.Errorf("%w: %w", errEditNotJSON, err)
 		}
 		payload = buf.Bytes()
 	}
@@ -294,8 +294,35 @@ func (h *Handler) actEditRetry(w http.ResponseWriter, r *http.Request, p *page) 
 		if errors.Is(err, outbox.ErrStale) {
 			code = http.StatusConflict
 		}
-		h.fail(w, p, code, err)
+		if errors.Is(err, errEditNotJSON) {
+			code = http.StatusUnprocessableEntity
+		}
+		h.editRefused(w, r, p, q, id, code, err)
 		return
 	}
 	h.done(w, r, h.taskURL(q, id), "edited")
+}
+
+// errEditNotJSON reports an edit of a JSON payload that is no longer JSON.
+var errEditNotJSON = errors.New("the payload was JSON and the edit is not")
+
+// editRefused shows the task's page again with the operator's text in the edit
+// box and why it was refused beside it, so that nothing typed is lost. A form
+// without a valid key has no page to go back to: the error page says why.
+func (h *Handler) editRefused(w http.ResponseWriter, r *http.Request, p *page, q, id string, code int, cause error) {
+	if q == "" {
+		h.fail(w, p, code, cause)
+		return
+	}
+	ctx, cancel := ctxOf(r)
+	defer cancel()
+	d, err := h.loadTask(ctx, q, id)
+	if err != nil || !d.Found {
+		h.fail(w, p, code, cause)
+		return
+	}
+	p.Title = "Task " + d.ID
+	d.EditText, d.EditError = r.PostForm.Get("payload"), cause.Error()
+	w.WriteHeader(code)
+	h.render(w, p, "task", d)
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
@@ -26,7 +28,8 @@ import (
 type page struct {
 	Base, Title  string
 	Who, CSRF    string
-	CanAct       bool // authenticated and not read-only
+	User         string // the basic user of Who ("" for the token)
+	CanAct       bool   // authenticated and not read-only
 	ReadOnly     bool
 	HidePayloads bool
 	NeedsLogin   bool // actions exist and nobody is logged in
@@ -45,12 +48,16 @@ var flashes = map[string]string{
 	"purged": "Dead task purged from both stores.", "retried-all": "Dead tasks retried.",
 	"purged-all": "Dead tasks purged from both stores.", "checked": "Consistency check done.",
 	"paused": "Queue paused: no worker claims from it until it is resumed.", "resumed": "Queue resumed.",
-	"edited": "Dead task retried with the edited payload, as a new version.",
+	"edited":           "Dead task retried with the edited payload, as a new version.",
+	"schedule-paused":  "Schedule paused: no tick is enqueued until it is resumed; the ticks that fall meanwhile count as missed.",
+	"schedule-resumed": "Schedule resumed: it goes on with its next tick; the ticks that fell while paused are not caught up.",
+	"schedule-run":     "One tick enqueued now, as a task of its own: the schedule's last manual run.",
+	"schedule-run-dup": "That run was enqueued already (the form was sent twice): still one task, the schedule's last manual run.",
 }
 
 func (h *Handler) newPage(r *http.Request, who string) *page {
 	p := &page{
-		Base: h.cfg.BasePath, Who: who, CSRF: h.csrfFor(who),
+		Base: h.cfg.BasePath, Who: who, CSRF: h.csrfFor(who), User: strings.TrimPrefix(who, "basic:"),
 		CanAct: who != "" && !h.cfg.ReadOnly, ReadOnly: h.cfg.ReadOnly, HidePayloads: h.cfg.HidePayloads,
 		NeedsLogin: who == "" && !h.cfg.ReadOnly, TokenLogin: h.cfg.Token != "",
 		Now: time.Now(),
@@ -89,7 +96,6 @@ var funcs = template.FuncMap{
 		}
 		return short(d)
 	},
-	"q": url.QueryEscape,
 	"bytes": func(n int) string {
 		switch {
 		case n >= 1<<20:
@@ -113,7 +119,7 @@ func short(d time.Duration) string {
 
 func parseTemplates() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
-	for _, name := range []string{"queues", "tasks", "task", "consistency", "login", "confirm", "error"} {
+	for _, name := range []string{"queues", "tasks", "task", "consistency", "login", "confirm", "error", "workers", "schedules", "notmigrated", "bulk"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("ui: template %s: %w", name, err)
@@ -137,6 +143,9 @@ func (h *Handler) render(w http.ResponseWriter, p *page, name string, data any) 
 
 // fail shows an error page; the message is escaped like everything else.
 func (h *Handler) fail(w http.ResponseWriter, p *page, code int, err error) {
+	if h.notMigrated(w, p, err) {
+		return
+	}
 	if code >= 500 {
 		h.cfg.Logger.Warn("ui: request failed", "err", err)
 	}
@@ -169,7 +178,21 @@ type queueRow struct {
 func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	ctx, cancel := ctxOf(r)
 	defer cancel()
-	st, err := reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, h.opts)
+	// Every registered queue is listed, with or without rows: those of the outbox
+	// and of Redis's registry (where a worker registers the queues it serves), and
+	// those with controls (paused or limited before their first task).
+	ctls, err := h.queues.List(ctx)
+	if err != nil {
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	opts := h.opts
+	paused := map[string]bool{}
+	for _, c := range ctls {
+		paused[c.Queue] = c.Paused
+		opts.AlsoQueues = append(opts.AlsoQueues, c.Queue)
+	}
+	st, err := reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, opts)
 	if err != nil {
 		h.fail(w, p, http.StatusBadGateway, err)
 		return
@@ -178,30 +201,16 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	for i, s := range st {
 		names[i] = s.Queue
 	}
-	// The controls from Postgres, and from Redis every queue's hour (one pipelined
-	// read) and pause flag, side by side.
+	// From Redis every queue's hour (one pipelined read) and pause flag.
 	var (
-		ctls        []taskstate.QueueControl
-		ctlErr      error
 		hist        map[string][]dispatch.Minute
 		histErr     error
 		redisPaused map[string]bool
 		wg          sync.WaitGroup
 	)
-	wg.Go(func() { ctls, ctlErr = h.queues.List(ctx) })
-	wg.Go(func() {
-		hist, histErr = h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...)
-		redisPaused, _ = h.cfg.Redis.PausedMany(ctx, names...) // a missing flag shows as Postgres's
-	})
+	wg.Go(func() { hist, histErr = h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...) })
+	wg.Go(func() { redisPaused, _ = h.cfg.Redis.PausedMany(ctx, names...) }) // a missing flag shows as Postgres's
 	wg.Wait()
-	if ctlErr != nil {
-		h.fail(w, p, http.StatusBadGateway, ctlErr)
-		return
-	}
-	paused := map[string]bool{}
-	for _, c := range ctls {
-		paused[c.Queue] = c.Paused
-	}
 	rows := make([]queueRow, len(st))
 	for i, s := range st {
 		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active, Paused: paused[s.Queue], RedisPaused: redisPaused[s.Queue]}
@@ -260,6 +269,27 @@ type tasksData struct {
 	RedisUnavailable   string
 	PurgeAllQueue      string
 	ConfirmPurgeAllFor string
+	// Sort is the order asked for ("" the state's own); Sorts the choices.
+	Sort  string
+	Sorts []taskstate.Sort
+	// Bounded: the sort reads the queue's rows, under the time limit.
+	Bounded bool
+	// Path and Value are a search by payload; Search what its page read.
+	Path, Value string
+	Search      *searchNote
+	// ScanRows and TimeLimit are the limits of a search and of a sort without
+	// an index, as the page says them.
+	ScanRows, TimeLimit string
+	// Bulk are the bulk actions the list offers (none: no form, no ticks).
+	Bulk    []bulkAction
+	BulkMax string
+}
+
+// searchNote tells what a page of a search by payload read.
+type searchNote struct {
+	Scanned, Found int
+	After          string // where this page started ("" the queue's first row)
+	Complete       bool   // the queue's last row was read
 }
 
 func parseTime(s string) (time.Time, error) {
@@ -284,17 +314,21 @@ const (
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind listKind) {
 	q := r.URL.Query()
-	d := tasksData{Kind: kind, States: taskstate.States,
-		Queue: q.Get("queue"), State: q.Get("state"), Prefix: q.Get("prefix"), From: q.Get("from"), To: q.Get("to")}
+	d := tasksData{Kind: kind, States: taskstate.States, Sorts: taskstate.Sorts, ScanRows: thousands(searchScanRows), TimeLimit: thousands(int(queryTimeLimit.Milliseconds())) + " ms",
+		Queue: q.Get("queue"), State: q.Get("state"), Prefix: q.Get("prefix"), From: q.Get("from"), To: q.Get("to"),
+		Sort: q.Get("sort"), Path: q.Get("path"), Value: q.Get("value")}
 	if kind == deadList {
 		d.State = string(taskstate.Dead)
+	}
+	if p.CanAct {
+		d.Bulk, d.BulkMax = bulkOffered(d.State), thousands(bulkMax)
 	}
 	// An exact id goes to its page.
 	if id := q.Get("id"); id != "" && d.Queue != "" {
 		http.Redirect(w, r, h.cfg.BasePath+"/task?queue="+url.QueryEscape(d.Queue)+"&id="+url.QueryEscape(id), http.StatusSeeOther)
 		return
 	}
-	f := taskstate.Filter{Queue: d.Queue, State: taskstate.State(d.State), Prefix: d.Prefix}
+	f := taskstate.Filter{Queue: d.Queue, State: taskstate.State(d.State), Prefix: d.Prefix, Sort: taskstate.Sort(d.Sort)}
 	var err error
 	if f.DueFrom, err = parseTime(d.From); err == nil {
 		f.DueBefore, err = parseTime(d.To)
@@ -304,7 +338,8 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind lis
 		cur.At, err = time.Parse(time.RFC3339Nano, q.Get("at"))
 	}
 	cur.Queue, cur.ID = q.Get("cq"), q.Get("cid")
-	if err == nil && f.Queue == "" && (f.Prefix != "" || f.State == "" || f.State == taskstate.Queued) {
+	byID := f.Sort == taskstate.SortID || f.Sort == "" && (f.Prefix != "" || f.State == "" || f.State == taskstate.Queued)
+	if err == nil && f.Queue == "" && byID {
 		err = errors.New("choose a queue to list its tasks by id (or a state: pending, done, dead or cancelled)")
 	}
 	if kind == deadList {
@@ -320,9 +355,22 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind lis
 	}
 	ctx, cancel := ctxOf(r)
 	defer cancel()
-	rows, next, err := h.browse.List(ctx, h.cfg.DB, f, cur, h.cfg.PageSize)
+	if d.Path != "" || d.Value != "" {
+		h.search(ctx, w, r, p, d, f)
+		return
+	}
+	var rows []taskstate.BrowseRow
+	var next taskstate.Cursor
+	if d.Bounded = f.Sort.Scans(f); d.Bounded {
+		err = h.bounded(ctx, func(tx pgx.Tx) (err error) {
+			rows, next, err = h.browse.List(ctx, tx, f, cur, h.cfg.PageSize)
+			return err
+		})
+	} else {
+		rows, next, err = h.browse.List(ctx, h.cfg.DB, f, cur, h.cfg.PageSize)
+	}
 	if err != nil {
-		if errors.Is(err, taskstate.ErrBrowse) && !strings.Contains(err.Error(), "list:") {
+		if errors.Is(err, errTooLong) || errors.Is(err, taskstate.ErrBrowse) && !strings.Contains(err.Error(), "list:") {
 			p.Error = err.Error()
 			h.render(w, p, "tasks", d)
 			return
@@ -330,6 +378,41 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind lis
 		h.fail(w, p, http.StatusBadGateway, err)
 		return
 	}
+	h.showRows(ctx, r, p, &d, rows)
+	if next != (taskstate.Cursor{}) {
+		nv := listValues(r)
+		if !next.At.IsZero() {
+			nv.Set("at", next.At.Format(time.RFC3339Nano))
+		}
+		nv.Set("cq", next.Queue)
+		nv.Set("cid", next.ID)
+		d.Next = template.URL(h.cfg.BasePath + "/" + string(kind) + "?" + nv.Encode())
+	}
+	h.render(w, p, "tasks", d)
+}
+
+// thousands writes n with a comma every three digits: 100,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// listValues are the list's filters, for the links to its pages.
+func listValues(r *http.Request) url.Values {
+	q, base := r.URL.Query(), url.Values{}
+	for _, k := range []string{"queue", "state", "prefix", "from", "to", "sort", "path", "value"} {
+		if v := q.Get(k); v != "" {
+			base.Set(k, v)
+		}
+	}
+	return base
+}
+
+// showRows fills the page's rows, with what Redis holds of each, and its links.
+func (h *Handler) showRows(ctx context.Context, r *http.Request, p *page, d *tasksData, rows []taskstate.BrowseRow) {
 	d.Rows = make([]listRow, len(rows))
 	for i, row := range rows {
 		d.Rows[i].BrowseRow = row
@@ -338,28 +421,60 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request, p *page, kind lis
 	if err := h.inspect(ctx, d.Rows); err != nil {
 		d.RedisUnavailable = err.Error()
 	}
-	base := url.Values{}
-	for _, k := range []string{"queue", "state", "prefix", "from", "to"} {
-		if v := q.Get(k); v != "" {
-			base.Set(k, v)
-		}
-	}
 	// Built from url.Values, so the URLs are safe as they are.
-	d.First = template.URL(h.cfg.BasePath + "/" + string(kind) + "?" + base.Encode())
-	if next != (taskstate.Cursor{}) {
-		nv := url.Values{}
-		for k, v := range base {
-			nv[k] = v
-		}
-		if !next.At.IsZero() {
-			nv.Set("at", next.At.Format(time.RFC3339Nano))
-		}
-		nv.Set("cq", next.Queue)
-		nv.Set("cid", next.ID)
-		d.Next = template.URL(h.cfg.BasePath + "/" + string(kind) + "?" + nv.Encode())
-	}
-	if kind == deadList && d.Queue != "" {
+	d.First = template.URL(h.cfg.BasePath + "/" + string(d.Kind) + "?" + listValues(r).Encode())
+	if d.Kind == deadList && d.Queue != "" {
 		d.PurgeAllQueue = d.Queue
+	}
+}
+
+// search shows a page of a search by payload: the next rows of the queue in id
+// order, at most searchScanRows of them and for at most queryTimeLimit, whose
+// payload is JSON with the value asked for at the path; the next page goes on
+// from where this one stopped.
+func (h *Handler) search(ctx context.Context, w http.ResponseWriter, r *http.Request, p *page, d tasksData, f taskstate.Filter) {
+	jq, err := parseJSONQuery(d.Path, d.Value)
+	switch {
+	case h.cfg.HidePayloads:
+		err = errors.New("payloads are hidden on this dashboard: no search by payload")
+	case err != nil:
+	case d.Queue == "":
+		err = errors.New("choose a queue to search its payloads")
+	case f.Prefix != "" || f.Sort != "" && f.Sort != taskstate.SortID || !f.DueFrom.IsZero() || !f.DueBefore.IsZero():
+		err = errors.New("a search by payload reads the queue in id order: clear the id prefix, the due window and the sort")
+	}
+	if err != nil {
+		p.Error = err.Error()
+		h.render(w, p, "tasks", d)
+		return
+	}
+	after := r.URL.Query().Get("after")
+	var step taskstate.SearchStep
+	err = h.bounded(ctx, func(tx pgx.Tx) (err error) {
+		step, err = h.browse.Search(ctx, tx, d.Queue, f.State, jq.needle, after, searchScanRows, max(4*h.cfg.PageSize, 50))
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, errTooLong) {
+			p.Error = "The search " + err.Error()
+			h.render(w, p, "tasks", d)
+			return
+		}
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	var rows []taskstate.BrowseRow
+	for _, row := range step.Rows {
+		if jq.matches(row.Payload) {
+			rows = append(rows, row.BrowseRow)
+		}
+	}
+	d.Search = &searchNote{Scanned: step.Scanned, Found: len(rows), After: after, Complete: step.Complete}
+	h.showRows(ctx, r, p, &d, rows)
+	if !step.Complete {
+		nv := listValues(r)
+		nv.Set("after", step.Last)
+		d.Next = template.URL(h.cfg.BasePath + "/" + string(d.Kind) + "?" + nv.Encode())
 	}
 	h.render(w, p, "tasks", d)
 }
@@ -415,6 +530,11 @@ func agree(row taskstate.BrowseRow, rd dispatch.TaskInfo) (bool, string) {
 			return false, "dead in Redis: the worker's death is being recorded, or reconcile mirrors it"
 		}
 		return false, "done in Redis, queued in Postgres"
+	case taskstate.Waiting:
+		if rd.State == dispatch.StateMissing {
+			return true, "waiting on its dependencies: the relay moves it once they finish"
+		}
+		return false, "waiting in Postgres, " + string(rd.State) + " in Redis: reconcile removes it"
 	case taskstate.Dead:
 		switch rd.State {
 		case dispatch.StateDead, dispatch.StateMissing:
@@ -454,25 +574,49 @@ type taskData struct {
 	// Editable: a dead task whose whole payload is shown as JSON or text can be
 	// retried with an edited payload.
 	Editable bool
-	EditRows int
+	// EditText is the edit box's text: the payload, or an edit refused
+	// (EditError says why), kept for the operator to correct.
+	EditText, EditError string
+	// Released: a done or cancelled task that Redis no longer holds, as it should.
+	Released bool
+	// Workflow: its dependencies, dependents, result and workflow (workflow.go).
+	Workflow workflowData
 }
+
+// EditRows is the edit box's height.
+func (d taskData) EditRows() int { return editRows(d.EditText) }
 
 func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
 	q := r.URL.Query()
-	d := taskData{Queue: q.Get("queue"), ID: q.Get("id")}
-	p.Title = "Task " + d.ID
 	ctx, cancel := ctxOf(r)
 	defer cancel()
+	d, err := h.loadTask(ctx, q.Get("queue"), q.Get("id"))
+	p.Title = "Task " + d.ID
+	if err != nil {
+		h.fail(w, p, http.StatusBadGateway, err)
+		return
+	}
+	if !d.Found && (d.Redis.State == "" || d.Redis.State == dispatch.StateMissing) {
+		w.WriteHeader(http.StatusNotFound)
+	}
+	h.render(w, p, "task", d)
+}
+
+// loadTask reads a task's page: its row in Postgres and what Redis holds of it.
+func (h *Handler) loadTask(ctx context.Context, queue, id string) (taskData, error) {
+	d := taskData{Queue: queue, ID: id}
 	capBytes := h.cfg.PayloadCap
 	if h.cfg.HidePayloads {
 		capBytes = 0
 	}
 	row, ok, err := h.browse.Task(ctx, h.cfg.DB, d.Queue, d.ID, capBytes)
 	if err != nil {
-		h.fail(w, p, http.StatusBadGateway, err)
-		return
+		return d, err
 	}
 	d.Found, d.Row = ok, row
+	if ok {
+		d.Workflow = h.loadWorkflow(ctx, row)
+	}
 	infos, err := h.cfg.Redis.Inspect(ctx, d.Queue, d.ID)
 	switch {
 	case err != nil:
@@ -482,11 +626,10 @@ func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
 		d.RedisPaySz = len(d.Redis.Payload)
 		d.Redis.Payload = nil // shown from Postgres, the truth
 	}
-	if !ok && (d.Redis.State == "" || d.Redis.State == dispatch.StateMissing) {
-		w.WriteHeader(http.StatusNotFound)
-	}
 	if ok && d.RedisErr == "" {
 		d.Agree, d.Note = agree(row.BrowseRow, d.Redis)
+		// A finished task leaves Redis: its absence there is the outcome, not a fault.
+		d.Released = (row.State == taskstate.Done || row.State == taskstate.Cancelled) && d.Redis.State == dispatch.StateMissing
 	} else if !ok && d.Redis.State != "" && d.Redis.State != dispatch.StateMissing {
 		d.Note = "in Redis only: no outbox row (enqueued into Redis directly, or purged)"
 	}
@@ -494,10 +637,13 @@ func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, p *page) {
 		d.Truncated = row.PayloadBytes > len(row.Payload)
 		d.Payload, d.PayloadKind = showPayload(row.Payload, d.Truncated)
 		d.Editable = row.State == taskstate.Dead && !d.Truncated && d.PayloadKind != "binary"
-		d.EditRows = min(max(strings.Count(d.Payload, "\n")+2, 4), 30)
+		d.EditText = d.Payload
 	}
-	h.render(w, p, "task", d)
+	return d, nil
 }
+
+// editRows sizes the edit box to its text: 4 to 30 rows.
+func editRows(s string) int { return min(max(strings.Count(s, "\n")+2, 4), 30) }
 
 // showPayload renders a payload for reading: indented JSON when it is whole and
 // valid JSON, text when it is UTF-8, else a hex dump. (The template escapes it.)

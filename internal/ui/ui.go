@@ -1,10 +1,16 @@
 // Package ui is the operator's web dashboard of delayq: an http.Handler that shows
 // the queues (counts by state in PostgreSQL and in Redis, lags), lists tasks with
-// keyset pagination, shows one task in both stores, lists dead letters, and runs
+// keyset pagination (by id, due, created or finished time) and searches them by a
+// field of their JSON payload, within a row and a time limit (search.go), shows one
+// task in both stores, lists dead letters and the worker processes with the runs
+// each has in flight (from their heartbeats in Redis, dispatch's Workers), and runs
 // the operator's actions (cancel, reschedule, run now, retry and purge dead tasks,
 // a consistency check) through the project's own APIs: outbox.Cancel and
 // Reschedule, reconcile.RetryDead, PurgeDeadTask and PurgeDead, reconcile.Stats
-// and Reconcile (dry run). Reads come from PostgreSQL through internal/taskstate
+// and Reconcile (dry run), and a schedule's pause, resume and run now through
+// schedrun.Actions. Bulk actions (bulk.go) run the same operations on
+// the tasks ticked on a list or on every task matching its filter, after a
+// preview, in batches. Reads come from PostgreSQL through internal/taskstate
 // (the dashboard has no SQL of its own) and from Redis through package delayq.
 //
 // Secure by default: every action needs authentication (a token, through a login
@@ -19,6 +25,7 @@
 package ui
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -35,10 +42,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/queuectl"
 	"github.com/delayq/delayq/internal/reconcile"
+	"github.com/delayq/delayq/internal/schedrun"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/transition"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -78,6 +88,11 @@ type Config struct {
 	// Refresh reloads the queues page this often (0: never); ?refresh=N
 	// overrides it per page.
 	Refresh time.Duration
+	// Schedules, when set, lists the schedules on the Schedules page: those of
+	// the database and those declared in the serving process that no runner
+	// ran yet (dashboard.New: the client's Schedules), which can then be paused
+	// before their first tick. Nil: the database's alone.
+	Schedules func(context.Context) ([]delayqtype.ScheduleState, error)
 	// BasePath is where the handler is mounted, without a trailing slash ("" for
 	// the root). The handler expects the full path: mount it with
 	// mux.Handle(base+"/", h), not under http.StripPrefix.
@@ -89,7 +104,10 @@ type Config struct {
 type Handler struct {
 	cfg     Config
 	browse  *taskstate.Browse
+	deps    *taskstate.Deps      // the task page's dependencies (workflow.go)
 	queues  *queuectl.Controller // the pause and resume actions
+	sched   *schedrun.Actions    // the schedules' pause, resume and run now
+	ops     *transition.Ops      // the bulk retry and purge (bulk.go)
 	opts    reconcile.Options
 	tmpl    map[string]*template.Template
 	mux     *http.ServeMux
@@ -141,10 +159,13 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{
 		cfg:     cfg,
 		browse:  taskstate.NewBrowser(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}),
+		deps:    taskstate.NewDepsReader(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}),
 		opts:    reconcile.Options{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel},
+		sched:   schedrun.NewActions(cfg.Outbox),
 		csrfKey: make([]byte, 32),
 		cop:     http.NewCrossOriginProtection(),
 	}
+	h.ops = transition.New(taskstate.New(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}), cfg.Redis)
 	if _, err := rand.Read(h.csrfKey); err != nil {
 		return nil, err
 	}
@@ -182,6 +203,8 @@ func (h *Handler) routes() {
 	mux.HandleFunc("GET "+b+"/task", h.reads(h.taskPage))
 	mux.HandleFunc("GET "+b+"/dead", h.reads(h.deadPage))
 	mux.HandleFunc("GET "+b+"/consistency", h.reads(h.consistencyPage))
+	mux.HandleFunc("GET "+b+"/workers", h.reads(h.workersPage))
+	mux.HandleFunc("GET "+b+"/schedules", h.reads(h.schedulesPage))
 	mux.HandleFunc("GET "+b+"/login", h.loginPage)
 	mux.HandleFunc("POST "+b+"/login", h.login)
 	mux.HandleFunc("POST "+b+"/logout", h.logout)
@@ -190,6 +213,8 @@ func (h *Handler) routes() {
 			"cancel": h.actCancel, "reschedule": h.actReschedule, "run-now": h.actRunNow,
 			"retry": h.actRetry, "purge": h.actPurge, "retry-all": h.actRetryAll, "purge-all": h.actPurgeAll,
 			"check": h.actCheck, "pause": h.actPause(true), "resume": h.actPause(false), "edit-retry": h.actEditRetry,
+			"schedule-pause": h.actSchedulePause(true), "schedule-resume": h.actSchedulePause(false), "schedule-run": h.actScheduleRun,
+			"bulk": h.actBulk, "bulk-run": h.actBulkRun,
 		} {
 			mux.HandleFunc("POST "+b+"/action/"+name, h.action(fn))
 		}

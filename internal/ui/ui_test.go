@@ -450,7 +450,7 @@ func TestEditThenRetry(t *testing.T) {
 		return url.Values{"queue": {"pay"}, "id": {"o1"}, "version": {version}, "kind": {"json"}, "payload": {payload},
 			"csrf": {c.csrf("/consistency")}}
 	}
-	if resp, body := c.post("/action/edit-retry", form("1", `{"card":`)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "not") {
+	if resp, body := c.post("/action/edit-retry", form("1", `{"card":`)); resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(body, "not") {
 		t.Errorf("invalid JSON: %s\n%s", resp.Status, body)
 	}
 	if r := e.row(t, "pay", "o1"); r.State != taskstate.Dead || r.Version != 1 {

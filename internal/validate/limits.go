@@ -25,6 +25,15 @@ const (
 	// MaxErrorBytes bounds the error summary kept with a task, in Postgres and
 	// Redis alike.
 	MaxErrorBytes = 500
+	// MaxAttemptLog, MaxAttemptLogBytes, MaxAttemptErrorBytes and MaxStackBytes
+	// bound a task's attempt history (the outbox column attempt_log): its newest
+	// entries only, at most MaxAttemptLog of them and MaxAttemptLogBytes of JSON
+	// in all (the newest is kept whatever its size), each entry's error cut to
+	// MaxAttemptErrorBytes and a panic's stack to MaxStackBytes.
+	MaxAttemptLog        = 20
+	MaxAttemptLogBytes   = 64 << 10
+	MaxAttemptErrorBytes = 1 << 10
+	MaxStackBytes        = 8 << 10
 	// MaxVersion bounds a task's version (an int4 in Postgres).
 	MaxVersion = 1<<31 - 1
 	// MaxTraceContextBytes bounds the trace context kept with a task (a W3C
@@ -51,6 +60,11 @@ var (
 	// ErrInvalidMaxAttempts reports max attempts out of 0..MaxAttempts.
 	ErrInvalidMaxAttempts = fmt.Errorf("%w: max attempts", ErrInvalidTask)
 )
+
+// ErrInvalidConflict reports a conflict policy (outbox Task.Replace,
+// KeepRunAt, Debounce, MaxWait) that cannot be meant, or given where none is
+// taken.
+var ErrInvalidConflict = fmt.Errorf("%w: conflict policy", ErrInvalidTask)
 
 // ErrInvalidPriority reports a task priority outside 0..MaxPriority.
 var ErrInvalidPriority = fmt.Errorf("%w: priority", ErrInvalidTask)
@@ -84,14 +98,19 @@ func TraceContext(s string) error {
 // ErrorSummary makes an error message fit the promise of a short summary: valid
 // UTF-8, no NUL byte (Postgres refuses it in text), at most MaxErrorBytes bytes, cut
 // on a rune boundary with an ellipsis.
-func ErrorSummary(s string) string {
+func ErrorSummary(s string) string { return Cut(s, MaxErrorBytes) }
+
+// Cut makes s valid UTF-8 without a NUL byte, and at most n bytes (n > 3): cut
+// on a rune boundary with an ellipsis. ErrorSummary and the attempt history's
+// texts (MaxAttemptErrorBytes, MaxStackBytes) are cut by it.
+func Cut(s string, n int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ReplaceAll(s, "\x00", "")
-	if len(s) <= MaxErrorBytes {
+	if len(s) <= n {
 		return s
 	}
 	const ellipsis = "…"
-	cut := MaxErrorBytes - len(ellipsis)
+	cut := n - len(ellipsis)
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

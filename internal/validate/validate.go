@@ -28,6 +28,9 @@ var (
 	// ErrInvalidPrefix reports a Redis key prefix that is too long or would
 	// interfere with the hash tag.
 	ErrInvalidPrefix = errors.New("invalid key prefix")
+	// ErrInvalidDatabase reports a database key (several outbox databases
+	// feeding one Redis) that breaks its rule.
+	ErrInvalidDatabase = errors.New("invalid database key")
 )
 
 // Queue checks a queue name: 1..64 bytes of [A-Za-z0-9_.-].
@@ -59,11 +62,22 @@ func TaskID(id string) error {
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c < 0x21 || c > 0x7e || c == '{' || c == '}' {
-			return fmt.Errorf("%w: %q has byte 0x%02x at %d; allowed is printable ASCII without spaces, '{' or '}'",
-				ErrInvalidTaskID, truncate(id), c, i)
+			return fmt.Errorf("%w: %q has %s at byte %d; allowed is printable ASCII except space, '{' and '}'",
+				ErrInvalidTaskID, truncate(id), byteName(c), i)
 		}
 	}
 	return nil
+}
+
+// byteName names a byte of an id for a message: ' ' (a space), '{', 0x07.
+func byteName(c byte) string {
+	switch {
+	case c == ' ':
+		return "a space"
+	case c > 0x20 && c < 0x7f:
+		return fmt.Sprintf("%q", c)
+	}
+	return fmt.Sprintf("byte 0x%02x", c)
 }
 
 // Prefix checks a Redis key prefix: 1..64 bytes of [A-Za-z0-9_.:-].
@@ -77,6 +91,30 @@ func Prefix(p string) error {
 	for i := 0; i < len(p); i++ {
 		if c := p[i]; !queueByte(c) && c != ':' {
 			return fmt.Errorf("%w: %q has %q at byte %d", ErrInvalidPrefix, p, c, i)
+		}
+	}
+	return nil
+}
+
+// MaxDatabaseLen is the longest database key.
+const MaxDatabaseLen = 32
+
+// Database checks the key naming one of several outbox databases: 1..32 bytes
+// of [a-z0-9_-], starting with a letter or a digit. Lower case and no '.' or
+// ':', so that it reads the same in a key prefix, a metric label and a flag.
+func Database(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidDatabase)
+	}
+	if len(key) > MaxDatabaseLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidDatabase, len(key), MaxDatabaseLen)
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '-') {
+			return fmt.Errorf("%w: %s at byte %d (1..%d bytes of [a-z0-9_-], starting with a letter or a digit)",
+				ErrInvalidDatabase, byteName(c), i, MaxDatabaseLen)
 		}
 	}
 	return nil

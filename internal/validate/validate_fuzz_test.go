@@ -13,6 +13,7 @@ var (
 	queueRule  = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	taskIDRule = regexp.MustCompile(`^[\x21-\x7a\x7c\x7e]{1,200}$`) // printable ASCII but '{' (0x7b) and '}' (0x7d)
 	prefixRule = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+	dbRule     = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 )
 
 // FuzzIdentifiers checks each validator against its documented rule in both
@@ -34,6 +35,7 @@ func FuzzIdentifiers(f *testing.F) {
 			{"Queue", Queue, queueRule, ErrInvalidQueue},
 			{"TaskID", TaskID, taskIDRule, ErrInvalidTaskID},
 			{"Prefix", Prefix, prefixRule, ErrInvalidPrefix},
+			{"Database", Database, dbRule, ErrInvalidDatabase},
 		} {
 			err := c.check(s)
 			if want := c.rule.MatchString(s); (err == nil) != want {
@@ -43,7 +45,7 @@ func FuzzIdentifiers(f *testing.F) {
 				continue
 			}
 			n := 0
-			for _, sent := range []error{ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidPrefix} {
+			for _, sent := range []error{ErrInvalidQueue, ErrInvalidTaskID, ErrInvalidPrefix, ErrInvalidDatabase} {
 				if errors.Is(err, sent) {
 					n++
 				}

@@ -53,12 +53,14 @@ var (
 type Charge struct{ AmountCents int }
 
 // digestSchedule is 08:00 on Berlin's wall clock, summer and winter.
-var digestSchedule = schedule.Schedule{Name: "daily-digest", Queue: digests.Name, Cron: "0 8 * * *", TimeZone: "Europe/Berlin", Payload: []byte("{}")}
+var digestSchedule = schedule.Schedule{Name: "daily-digest", Queue: digests.Name, Cron: "0 8 * * *", TimeZone: "Europe/Berlin"}
 
-// register adds the shop's handlers to client. Each runs in the transaction that
-// records its task done.
+// register adds the shop's handlers to client, and the digest's schedule beside
+// its handler (typed: its ticks carry the queue's struct{}). Each handler runs in
+// the transaction that records its task done.
 func register(client *delayq.Client, mailer Mailer) error {
-	return errors.Join(
+	digest, err := schedule.For(digests, struct{}{}, digestSchedule)
+	return errors.Join(err, client.Schedule(digest),
 		// The ledger row commits with the task's completion, so the charge is
 		// recorded once however often the task runs.
 		delayq.RegisterTx(client, charges, func(ctx context.Context, tx pgx.Tx, t *delayq.Task, c Charge) error {
@@ -144,9 +146,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client, err := delayq.New(pool, redis.NewClient(opt), delayq.Config{
-		Relay: &relay.Config{Schedules: schedule.Config{Schedules: []schedule.Schedule{digestSchedule}}},
-	})
+	client, err := delayq.New(pool, redis.NewClient(opt), delayq.Config{Relay: &relay.Config{}})
 	if err != nil {
 		return err
 	}

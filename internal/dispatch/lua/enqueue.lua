@@ -14,6 +14,9 @@
 -- KEYS[4]  dead ZSET             "<prefix>:{<queue>}:dead"
 -- KEYS[5]  priority index ZSET   "<prefix>:{<queue>}:prio" (lib.lua prio_score)
 -- KEYS[6]  controls HASH         "<prefix>:{<queue>}:ctl": field y flags the index
+-- KEYS[7]  concurrency-key prefix "<prefix>:{<queue>}:k:" (lib.lua key_admit): a
+--          replaced task leaves its key's parked set, and a replaced run gives
+--          its slot back
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- ARGV[3]  replace finished: "1" from the relay, which holds each task's outbox row
@@ -25,7 +28,7 @@
 --          error "SHARDS <n>" and nothing is written; the caller reads the count
 --          again and routes anew. Absent n (one shard, or controls lost with
 --          Redis's data until the relay restores them) accepts any count.
--- then for task k = 0..n-1, ARGV[5+9k] .. ARGV[13+9k]:
+-- then for task k = 0..n-1, ARGV[5+10k] .. ARGV[14+10k]:
 --   id            1..200 bytes
 --   due           Unix seconds with up to 3 decimals ("1700000000.125"), or "now" (Redis TIME)
 --   payload       bytes
@@ -39,6 +42,9 @@
 --                 finds past it instead of running it
 --   priority      0..9: kept in the hash as y only when not 0, and the task is then in
 --                 the priority index too (higher first among the due tasks)
+--   key           "" (none) or the concurrency key, 1..200 bytes: kept in the hash as
+--                 k only when set; the claim script caps and throttles the runs of
+--                 each key while the queue's controls say so
 --
 -- Returns an array of n integers: 1 added, 0 duplicate, 2 replaced (higher version).
 -- PUBLISHes the new head score on the wake channel when the earliest due time of the
@@ -50,7 +56,7 @@ local function head()
   return nil
 end
 
-local W = 9
+local W = 10
 local n = int(ARGV[2], 1, 10000)
 if n == nil then return fail('n must be an integer in 1..10000') end
 if #ARGV ~= 4 + W * n then return fail('expected ' .. (4 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -88,6 +94,7 @@ for k = 0, n - 1 do
   if #ARGV[b + 6] > 512 then return fail('task ' .. k .. ': trace context must have 0..512 bytes') end
   if ARGV[b + 7] ~= '' and int(ARGV[b + 7], 1, 1e14) == nil then return fail('task ' .. k .. ': start_by must be "" or Unix ms in 1..10^14') end
   if int(ARGV[b + 8], 0, 9) == nil then return fail('task ' .. k .. ': priority must be an integer in 0..9') end
+  if #ARGV[b + 9] > 200 then return fail('task ' .. k .. ': key must have 0..200 bytes') end
 end
 
 local held = redis.call('HMGET', KEYS[6], 'n')[1]
@@ -106,16 +113,22 @@ for i = 1, n do
   local trace = ARGV[b + 6]
   local d = ARGV[b + 7] ~= '' and ARGV[b + 7] or nil
   local y = tonumber(ARGV[b + 8])
+  local key = ARGV[b + 9]
   local h = KEYS[3] .. id
-  local cur = redis.call('HMGET', h, 's', 'v', 'p', 'y')
+  local cur = redis.call('HMGET', h, 's', 'v', 'p', 'y', 'k', 'q')
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
-    write_task(h, payload, max, ver, attempt, trace, d, y)
+    write_task(h, payload, max, ver, attempt, trace, d, y, key)
     prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
     z[#z + 1] = score
     z[#z + 1] = id
     out[i] = 1
   elseif (tonumber(cur[2]) or 1) < ver or (replace_finished and (st == 'd' or st == 'x')) then
+    if cur[5] then
+      redis.call('ZREM', KEYS[7] .. 'p:' .. cur[5], id)
+      if cur[6] then key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], h, cur[5], cur[6]) end
+    end
+    if key ~= '' then redis.call('HSET', h, 'k', key) elseif cur[5] then redis.call('HDEL', h, 'k') end
     if st == 'a' then
       redis.call('ZREM', KEYS[2], id)
       redis.call('HDEL', h, 't')
@@ -154,7 +167,9 @@ for i = 1, n do
     -- Duplicate. Repair a hash that lost its ZSET member, so it cannot be stuck:
     -- ready goes back to ready, active to active with an expired lease (the reaper
     -- takes it). ZADD NX leaves a present member alone.
-    if st == 'r' then
+    if st == 'r' and cur[5] and redis.call('ZSCORE', KEYS[7] .. 'p:' .. cur[5], id) then
+      -- Parked for its key (claim.lua): ready already.
+    elseif st == 'r' then
       redis.call('ZADD', KEYS[1], 'NX', score, id)
       if cur[4] and redis.call('ZSCORE', KEYS[5], id) == false then
         prio_add(KEYS[5], KEYS[6], id, cur[4], score_ms(redis.call('ZSCORE', KEYS[1], id)))

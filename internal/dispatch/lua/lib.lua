@@ -64,9 +64,11 @@ end
 -- defaults (absent s = "r", a = 0, m = 25, v = 1, c = ""; see Keys.TaskKey), always in
 -- this order, so that a restored task's hash is the relay's byte for byte. With a
 -- small payload the hash is a 32-byte listpack instead of a 48-byte one. d is the
--- start deadline as given (a string) or nil, y the priority (a number).
-local function write_task(h, payload, max, ver, attempt, trace, d, y)
+-- start deadline as given (a string) or nil, y the priority (a number), key the
+-- concurrency key ("" for none).
+local function write_task(h, payload, max, ver, attempt, trace, d, y, key)
   local f = { 'p', payload }
+  if key ~= '' then f[#f + 1] = 'k'; f[#f + 1] = key end
   if y > 0 then f[#f + 1] = 'y'; f[#f + 1] = y end
   if trace ~= '' then f[#f + 1] = 'c'; f[#f + 1] = trace end
   if d then f[#f + 1] = 'd'; f[#f + 1] = d end
@@ -78,3 +80,41 @@ end
 
 -- score_ms reads a ready score (Unix seconds, 3 decimals) as Unix ms.
 local function score_ms(s) return math.floor(tonumber(s) * 1000 + 0.5) end
+
+-- Concurrency keys (Keys.KeyPrefix kp; docs/DESIGN.md "Concurrency keys and
+-- throttles"). A task with a key has it in field k of its hash. While the queue
+-- has a cap (controls kc) or a throttle (kn starts per kw ms), the claim script
+-- counts the runs of each key: kp .. 'run' HASH key -> runs holding a slot (field
+-- q "1" of the task's hash marks a run that holds one), and parks a due task whose
+-- key may not start now in kp .. 'p:' .. key, a ZSET id -> ready score, instead of
+-- leaving it at the head of ready. A parked task comes back into ready, with its
+-- score, when its key may start again: one when a run of the key gives its slot
+-- back (key_free, from every script that ends a lease), one when its throttle
+-- window opens (kp .. 'wake', ZSET key -> Unix ms, read by the claim), all when
+-- the queue's caps change (ctl.lua). kp .. 'keys' is the SET of keys with parked
+-- tasks.
+
+-- key_admit moves up to count of key k's parked tasks back into ready (and the
+-- priority index), earliest first; returns how many.
+local function key_admit(kp, ready, prio, ctl, tprefix, k, count)
+  local park = kp .. 'p:' .. k
+  local got = redis.call('ZPOPMIN', park, count)
+  for i = 1, #got, 2 do
+    local id = got[i]
+    redis.call('ZADD', ready, got[i + 1], id)
+    prio_add(prio, ctl, id, redis.call('HGET', tprefix .. id, 'y'), score_ms(got[i + 1]))
+  end
+  if #got > 0 and redis.call('EXISTS', park) == 0 then redis.call('SREM', kp .. 'keys', k) end
+  return #got / 2
+end
+
+-- key_free gives back the slot held by the run of the task in hash h, of key k
+-- (its fields k and q, read by the caller: q is "1" while it holds one), and
+-- readmits one parked task of the key. Returns how many came back (0 or 1), so
+-- the caller wakes the workers. A task without a slot changes nothing.
+local function key_free(kp, ready, prio, ctl, tprefix, h, k, q)
+  if not k or q ~= '1' then return 0 end
+  if redis.call('HINCRBY', kp .. 'run', k, -1) <= 0 then redis.call('HDEL', kp .. 'run', k) end
+  if redis.call('EXISTS', h) == 1 then redis.call('HDEL', h, 'q') end
+  return key_admit(kp, ready, prio, ctl, tprefix, k, 1)
+end

@@ -18,6 +18,9 @@
 -- KEYS[4]  task hash key prefix
 -- KEYS[5]  priority index ZSET: a requeued task with a priority goes back into it
 -- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
+-- KEYS[7]  concurrency-key prefix: a revoked lease that held a slot of its key
+--          gives it back, and one parked task of the key returns to ready
+--          (lib.lua key_free): a lost worker's slot frees here
 -- ARGV[1]  wake channel
 -- ARGV[2]  limit (1..10000)
 -- ARGV[3]  backoff base in ms (1..2^40)
@@ -53,14 +56,16 @@ end
 local expired = redis.call('ZRANGE', KEYS[2], '-inf', '(' .. fmt(now), 'BYSCORE', 'LIMIT', 0, limit)
 local before = head()
 local requeued, exhausted, orphans = {}, {}, {}
+local back = 0 -- parked tasks back in ready (due already)
 for i, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local h = KEYS[4] .. id
-  local f = redis.call('HMGET', h, 's', 'a', 'm', 'y')
+  local f = redis.call('HMGET', h, 's', 'a', 'm', 'y', 'k', 'q')
   if f[1] ~= 'a' then
     orphans[#orphans + 1] = id
   else
     redis.call('HDEL', h, 't')
+    if f[6] then back = back + key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, f[5], f[6]) end
     local attempt = tonumber(f[2]) or 0
     if attempt < (tonumber(f[3]) or 25) then -- absent m: 25 (Keys.TaskKey)
       local d = cap
@@ -79,7 +84,7 @@ for i, id in ipairs(expired) do
 end
 
 local after = head()
-if after ~= nil and (before == nil or after < before) then
+if after ~= nil and (before == nil or after < before or back > 0) then
   redis.call('PUBLISH', ARGV[1], fmt(after))
 end
 return { requeued, exhausted, orphans }

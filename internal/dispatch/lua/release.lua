@@ -10,6 +10,8 @@
 -- KEYS[3]  task hash key prefix
 -- KEYS[4]  priority index ZSET: a task with a priority goes back into it
 -- KEYS[5]  controls HASH (its field y flags the index: lib.lua prio_add)
+-- KEYS[6]  concurrency-key prefix: a run that held a slot of its key gives it back
+--          (lib.lua key_free)
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -30,8 +32,11 @@ if #ARGV == 4 then
 end
 
 local h = KEYS[3] .. id
-local f = redis.call('HMGET', h, 's', 't', 'a', 'y')
+local f = redis.call('HMGET', h, 's', 't', 'a', 'y', 'k', 'q')
 if f[1] ~= 'a' or f[2] ~= token then return 0 end
+if f[6] and key_free(KEYS[6], KEYS[1], KEYS[4], KEYS[5], KEYS[3], h, f[5], f[6]) > 0 then
+  redis.call('PUBLISH', ARGV[1], '0')
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -26,9 +26,12 @@
 -- KEYS[5]  priority index ZSET: every op takes the id out of it; restore puts a task
 --          with a priority back
 -- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
+-- KEYS[7]  concurrency-key prefix: every op takes a parked task out of its key's
+--          parked set and gives back the slot of a run it ends (lib.lua key_free);
+--          restore writes the task's key
 -- ARGV[1]  wake channel
 -- ARGV[2]  n, number of repairs (1..1000)
--- then for repair k = 0..n-1, ARGV[3+11k] .. ARGV[13+11k]:
+-- then for repair k = 0..n-1, ARGV[3+12k] .. ARGV[14+12k]:
 --   op            "remove", "restore" or "expire"
 --   id            1..200 bytes
 --   fingerprint   as returned by probe.lua
@@ -40,6 +43,7 @@
 --   trace         restore: 0..512 bytes, the trace context (as enqueue); else ""
 --   start_by      restore: "" or the start deadline in Unix ms (as enqueue); else ""
 --   priority      restore: 0..9 (as enqueue); else ""
+--   key           restore: "" or the concurrency key, 1..200 bytes (as enqueue); else ""
 --   (restore's fields after the fingerprint are enqueue's after the id: the Go
 --   client writes both with one function, Client.appendTask)
 --
@@ -49,8 +53,8 @@
 -- due time of the queue earlier. Malformed ARGV: an error reply, nothing written.
 
 -- Identical to read() in probe.lua.
-local function read(id)
-  local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't')
+local function read(id, kp)
+  local f = redis.call('HMGET', KEYS[4] .. id, 's', 'v', 'a', 'm', 't', 'k')
   -- Fields at their defaults are absent (Keys.TaskKey); report their values.
   if f[1] == false and redis.call('HEXISTS', KEYS[4] .. id, 'p') == 1 then f[1] = 'r' end
   if f[1] then
@@ -58,6 +62,8 @@ local function read(id)
     if f[1] ~= 'd' then f[4] = f[4] or '25' end
   end
   local rs = redis.call('ZSCORE', KEYS[1], id) or ''
+  -- A task parked for its concurrency key (claim.lua) is ready, at its score.
+  if rs == '' and f[6] then rs = redis.call('ZSCORE', kp .. 'p:' .. f[6], id) or '' end
   local as = redis.call('ZSCORE', KEYS[2], id) or ''
   local ds = redis.call('ZSCORE', KEYS[3], id) or ''
   local s, v, a, m, t = f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or ''
@@ -70,7 +76,7 @@ local function head()
   return nil
 end
 
-local W = 11
+local W = 12
 local n = int(ARGV[2], 1, 1000)
 if n == nil then return fail('n must be an integer in 1..1000') end
 if #ARGV ~= 2 + W * n then return fail('expected ' .. (2 + W * n) .. ' arguments, got ' .. #ARGV) end
@@ -115,6 +121,8 @@ for k = 0, n - 1 do
     end
     r.y = int(ARGV[b + 10], 0, 9)
     if r.y == nil then return fail('repair ' .. k .. ': priority must be an integer in 0..9') end
+    r.key = ARGV[b + 11]
+    if #r.key > 200 then return fail('repair ' .. k .. ': key must have 0..200 bytes') end
   elseif op == 'kill' then
     r.msg = ARGV[b + 4]
     if #r.msg > 4096 then return fail('repair ' .. k .. ': last error longer than 4096 bytes') end
@@ -129,11 +137,16 @@ local out = {}
 for i, r in ipairs(reps) do
   local id = r.id
   local h = KEYS[4] .. id
-  local cur = read(id)
+  local cur = read(id, KEYS[7])
   if cur[8] ~= r.fp or (r.op == 'expire' and cur[1] ~= 'a') or (r.op == 'kill' and cur[1] == '') then
     out[i] = 0
   else
     redis.call('ZREM', KEYS[5], id)
+    local kq = redis.call('HMGET', h, 'k', 'q')
+    if kq[1] then
+      redis.call('ZREM', KEYS[7] .. 'p:' .. kq[1], id)
+      if r.op ~= 'expire' then key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, kq[1], kq[2]) end
+    end
     if r.op == 'kill' then
       if now == nil then
         local t = redis.call('TIME')
@@ -155,7 +168,7 @@ for i, r in ipairs(reps) do
       redis.call('ZREM', KEYS[3], id)
       redis.call('DEL', h)
       if r.op == 'restore' then
-        write_task(h, r.payload, r.max, r.ver, r.attempt, r.trace, r.d, r.y)
+        write_task(h, r.payload, r.max, r.ver, r.attempt, r.trace, r.d, r.y, r.key)
         redis.call('ZADD', KEYS[1], r.score, id)
         prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
       end

@@ -11,6 +11,8 @@
 -- KEYS[4]  task hash key prefix
 -- KEYS[5]  priority index ZSET: a task with a priority goes back into it
 -- KEYS[6]  controls HASH (its field y flags the index: lib.lua prio_add)
+-- KEYS[7]  concurrency-key prefix: a run that held a slot of its key gives it back
+--          (lib.lua key_free)
 -- ARGV[1]  wake channel
 -- ARGV[2]  task id (1..200 bytes)
 -- ARGV[3]  lease token (1..100 bytes)
@@ -31,8 +33,11 @@ if delay == nil then return fail('delay must be an integer number of ms in 1..2^
 if #msg > 4096 then return fail('last error longer than 4096 bytes') end
 
 local h = KEYS[4] .. id
-local f = redis.call('HMGET', h, 's', 't', 'a', 'm', 'y')
+local f = redis.call('HMGET', h, 's', 't', 'a', 'm', 'y', 'k', 'q')
 if f[1] ~= 'a' or f[2] ~= token then return 0 end
+if f[7] and key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, f[6], f[7]) > 0 then
+  redis.call('PUBLISH', ARGV[1], '0')
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

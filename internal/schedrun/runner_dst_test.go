@@ -1,4 +1,4 @@
-package schedule
+package schedrun
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
+	"github.com/delayq/delayq/schedule"
 )
 
 // TestRunnersAcrossDaylightSaving runs three runners, on clocks 0, 5 and 10
@@ -59,13 +60,13 @@ func TestRunnersAcrossDaylightSaving(t *testing.T) {
 			"0 * * * *":                        func(l time.Time) bool { return l.Minute() == 0 },
 			"*/15 * * * *":                     func(l time.Time) bool { return l.Minute()%15 == 0 },
 		}
-		var cfg Config
+		var cfg schedule.Config
 		names := map[string]func(time.Time) bool{}
 		spec := map[string]string{}
 		for expr, match := range exprs {
 			name := fmt.Sprintf("w%d-%d", i, len(names))
 			names[name], spec[name] = match, expr
-			cfg.Schedules = append(cfg.Schedules, Schedule{Name: name, Queue: name, Cron: expr, TimeZone: w.zone})
+			cfg.Schedules = append(cfg.Schedules, schedule.Schedule{Name: name, Queue: name, Cron: expr, TimeZone: w.zone})
 		}
 		// Grace spans the window: the ticks the rewind hands back are enqueued
 		// again (duplicates), not counted as missed.
@@ -76,7 +77,7 @@ func TestRunnersAcrossDaylightSaving(t *testing.T) {
 		)
 		runners := make([]*Runner, 3)
 		for k := range runners {
-			if runners[k], err = NewRunner(cfg, ob, nil); err != nil {
+			if runners[k], err = New(cfg, ob, nil); err != nil {
 				t.Fatal(err)
 			}
 			skew := time.Duration(k) * 5 * time.Minute
@@ -162,7 +163,7 @@ func outboxTicks(t *testing.T, pool interface {
 		out []time.Time
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-		if want := TaskID(Schedule{Name: queue}, at); id != want {
+		if want := schedule.TaskID(schedule.Schedule{Name: queue}, at); id != want {
 			return fmt.Errorf("task %q at %v, want id %q", id, at, want)
 		}
 		out = append(out, at.UTC())

@@ -1,4 +1,4 @@
-package schedule
+package schedspec
 
 import (
 	"time"

@@ -1,9 +1,11 @@
-package schedule
+package schedrun
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/delayq/delayq/schedule"
 )
 
 // transition is one year's two daylight-saving changes of a zone, in local time:
@@ -72,10 +74,10 @@ func TestNextAcrossDaylightSaving(t *testing.T) {
 		}
 		for _, c := range cases {
 			name := fmt.Sprintf("%s %s %s", tr.zone, c.name, tr.gapDay[:4])
-			s := Schedule{Name: "n", Queue: "q", Cron: c.cron, TimeZone: tr.zone}
+			s := schedule.Schedule{Name: "n", Queue: "q", Cron: c.cron, TimeZone: tr.zone}
 			at := c.from
 			for i, want := range c.want {
-				got, err := Next(s, at)
+				got, err := next(s, at)
 				if err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
@@ -100,12 +102,12 @@ func TestNextOnceADayEveryDay(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, hm := range [][2]int{{1, 30}, {2, 0}, {2, 30}, {3, 0}, {0, 0}} {
-			s := Schedule{Name: "n", Queue: "q", Cron: fmt.Sprintf("%d %d * * *", hm[1], hm[0]), TimeZone: zone}
+			s := schedule.Schedule{Name: "n", Queue: "q", Cron: fmt.Sprintf("%d %d * * *", hm[1], hm[0]), TimeZone: zone}
 			perDay := map[string]int{}
 			at := time.Date(2026, 1, 1, 0, 0, 0, 0, loc).Add(-time.Second)
 			end := time.Date(2028, 1, 1, 0, 0, 0, 0, loc)
 			for {
-				got, err := Next(s, at)
+				got, err := next(s, at)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -149,14 +151,14 @@ func inGap(loc *time.Location, l time.Time, h, m int) bool {
 // same hour apart across both changes.
 func TestIntervalsIgnoreDaylightSaving(t *testing.T) {
 	t.Parallel()
-	for _, s := range []Schedule{
+	for _, s := range []schedule.Schedule{
 		{Name: "e", Queue: "q", Every: time.Hour},
 		{Name: "d", Queue: "q", Cron: "@every 1h", TimeZone: "America/New_York"},
 	} {
 		for _, day := range []string{"2026-03-08", "2026-11-01"} {
 			at := local(t, day, 0, 0, -5)
 			for range 6 {
-				got, err := Next(s, at)
+				got, err := next(s, at)
 				if err != nil {
 					t.Fatal(err)
 				}

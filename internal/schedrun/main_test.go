@@ -1,0 +1,9 @@
+package schedrun
+
+import (
+	"testing"
+
+	"github.com/delayq/delayq/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
