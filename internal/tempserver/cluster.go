@@ -2,7 +2,9 @@ package tempserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,15 +48,8 @@ func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) 
 			c.Close()
 			return nil, err
 		}
-		port, err := freePort()
+		n, err := startClusterNode(ctx, bin, nodeDir)
 		if err != nil {
-			c.Close()
-			return nil, err
-		}
-		n := &Redis{bin: bin, dir: nodeDir, port: port, args: []string{
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
-			"--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"}}
-		if err := n.Start(ctx); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -73,6 +68,56 @@ func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) 
 		return nil, err
 	}
 	return c, nil
+}
+
+// startClusterNode starts one cluster node in dir. A node listens on two ports,
+// its own and the cluster bus's (its own + 10000, the only choice Redis 6 has),
+// and freePort vouches for the first only: an outgoing connection or another
+// server may hold the second. So the port is chosen with its bus port free, and
+// a node that still loses the race to bind is started again on other ports.
+func startClusterNode(ctx context.Context, bin, dir string) (*Redis, error) {
+	var err error
+	for range 5 {
+		var port int
+		if port, err = freeClusterPort(); err != nil {
+			return nil, err
+		}
+		n := &Redis{bin: bin, dir: dir, port: port, args: []string{
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"}}
+		if err = n.Start(ctx); err == nil {
+			return n, nil
+		}
+		if !strings.Contains(err.Error(), "Address already in use") {
+			return nil, err
+		}
+		os.Remove(filepath.Join(dir, "nodes.conf"))
+		os.Remove(filepath.Join(dir, "redis.log"))
+	}
+	return nil, err
+}
+
+// clusterBusOffset is how far above a node's port Redis puts its cluster bus.
+const clusterBusOffset = 10000
+
+// freeClusterPort returns a free port whose cluster bus port is free as well.
+func freeClusterPort() (int, error) {
+	for range 100 {
+		port, err := freePort()
+		if err != nil {
+			return 0, err
+		}
+		if port+clusterBusOffset > 65535 {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+clusterBusOffset))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, errors.New("tempserver: no free port with a free cluster bus port")
 }
 
 // Addrs lists every node's host:port.
