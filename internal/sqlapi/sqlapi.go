@@ -1,6 +1,7 @@
 // Package sqlapi is the Go side of the outbox's SQL API (migration 00022, the
 // functions delayq_enqueue, delayq_enqueue_many, delayq_cancel and
-// delayq_reschedule in the outbox's schema; migration 00027, delayq_complete): the SQLSTATE of each error the
+// delayq_reschedule in the outbox's schema, with the conflict policies of 00025
+// and the concurrency key of 00028; migration 00027, delayq_complete): the SQLSTATE of each error the
 // functions raise and the sentinel of package outbox it stands for, and calls of
 // the functions with outbox's types, so that tests and benchmarks hold the two
 // enqueues side by side (docs/DESIGN.md, "The SQL API").
@@ -49,6 +50,8 @@ func Sentinel(code string) error {
 		return validate.ErrInvalidPriority
 	case "QD016", "QD017":
 		return validate.ErrInvalidTask
+	case "QD019":
+		return validate.ErrInvalidConcurrencyKey
 	case "QD018":
 		return validate.ErrInvalidConflict
 	case "QD020":
@@ -101,10 +104,10 @@ func (c Client) Enqueue(ctx context.Context, q outbox.Querier, t outbox.Task) (o
 	err := q.QueryRow(ctx, fmt.Sprintf(`SELECT duplicate, due_at, outcome FROM %s.delayq_enqueue(
 	queue => $1, task_id => $2, payload => $3, delay => $4, run_at => $5,
 	max_attempts => $6, priority => $7, start_by => $8, trace_context => $9,
-	on_conflict => $10, debounce => $11, max_wait => $12)`, c.schema),
+	on_conflict => $10, debounce => $11, max_wait => $12, concurrency_key => $13)`, c.schema),
 		t.Queue, t.ID, payload(t.Payload), interval(t.Delay), stamp(t.RunAt),
 		int4(t.MaxAttempts), int4(t.Priority), stamp(t.StartBy), text(t.TraceContext),
-		text(OnConflict(t)), interval(t.Debounce), interval(t.MaxWait),
+		text(OnConflict(t)), interval(t.Debounce), interval(t.MaxWait), text(t.ConcurrencyKey),
 	).Scan(&res.Duplicate, &due, &outcome)
 	if err != nil {
 		return outbox.Result{}, fmt.Errorf("sqlapi: enqueue %s/%s: %w", t.Queue, t.ID, Err(err))
@@ -155,23 +158,26 @@ func (c Client) EnqueueMany(ctx context.Context, q outbox.Querier, tasks []outbo
 		prios    = make([]pgtype.Int4, n)
 		startBys = make([]pgtype.Timestamptz, n)
 		traces   = make([]pgtype.Text, n)
+		keys     = make([]pgtype.Text, n)
 	)
 	for i, t := range tasks {
 		queues[i], ids[i], payloads[i] = t.Queue, t.ID, payload(t.Payload)
 		delays[i], runAts[i], startBys[i] = interval(t.Delay), stamp(t.RunAt), stamp(t.StartBy)
 		attempts[i], prios[i], traces[i] = int4(t.MaxAttempts), int4(t.Priority), text(t.TraceContext)
+		keys[i] = text(t.ConcurrencyKey)
 	}
 	// An argument no task sets goes as NULL, not as an array of NULLs: the bytes
 	// and the parse of an element a task for nothing (as EnqueueMany sends none).
 	rows, err := q.Query(ctx, fmt.Sprintf(`SELECT ord, duplicate, due_at FROM %s.delayq_enqueue_many(
 	queues => $1, task_ids => $2, payloads => $3, delays => $4, run_ats => $5,
-	max_attempts => $6, priorities => $7, start_bys => $8, trace_contexts => $9)`, c.schema),
+	max_attempts => $6, priorities => $7, start_bys => $8, trace_contexts => $9, concurrency_keys => $10)`, c.schema),
 		queues, ids, payloads, orNull(delays, func(v pgtype.Interval) bool { return v.Valid }),
 		orNull(runAts, func(v pgtype.Timestamptz) bool { return v.Valid }),
 		orNull(attempts, func(v pgtype.Int4) bool { return v.Valid }),
 		orNull(prios, func(v pgtype.Int4) bool { return v.Valid }),
 		orNull(startBys, func(v pgtype.Timestamptz) bool { return v.Valid }),
-		orNull(traces, func(v pgtype.Text) bool { return v.Valid }))
+		orNull(traces, func(v pgtype.Text) bool { return v.Valid }),
+		orNull(keys, func(v pgtype.Text) bool { return v.Valid }))
 	if err != nil {
 		return outbox.ManyResult{}, fmt.Errorf("sqlapi: enqueue many: %w", Err(err))
 	}

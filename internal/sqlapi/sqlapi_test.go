@@ -154,8 +154,10 @@ func TestSameRows(t *testing.T) {
 		{"start by at run at", outbox.Task{Queue: "q4", ID: "n", RunAt: future, StartBy: future}},
 		{"start by with a delay", outbox.Task{Queue: "q4", ID: "o", Delay: time.Hour, StartBy: time.Now().Add(2 * time.Hour)}},
 		{"trace context", outbox.Task{Queue: "q", ID: "p", TraceContext: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 k=v"}},
+		{"concurrency key", outbox.Task{Queue: "q", ID: "ck", ConcurrencyKey: "tenant-7"}},
+		{"concurrency key of 200 bytes, not ASCII", outbox.Task{Queue: "q", ID: "ck2", ConcurrencyKey: strings.Repeat("é", 100)}},
 		{"every option", outbox.Task{Queue: "q5", ID: "all~|!z", Payload: []byte{0, 1, 2, 255}, Delay: 90 * time.Second,
-			MaxAttempts: 3, Priority: 4, StartBy: time.Now().Add(time.Hour), TraceContext: "t"}},
+			MaxAttempts: 3, Priority: 4, StartBy: time.Now().Add(time.Hour), TraceContext: "t", ConcurrencyKey: "acct 1"}},
 		{"duplicate", outbox.Task{Queue: "q", ID: "a", Payload: []byte("other"), Delay: time.Hour}},
 		{"duplicate past its start deadline", outbox.Task{Queue: "q4", ID: "m", StartBy: time.Now().Add(-time.Hour).Add(time.Millisecond)}},
 		{"a queue of 64 bytes, an id of 200", outbox.Task{Queue: strings.Repeat("Q", 64), ID: strings.Repeat("i", 200)}},
@@ -220,7 +222,8 @@ func TestSameRowsMany(t *testing.T) {
 		{Queue: "a", ID: "b", RunAt: future, StartBy: future.Add(time.Hour), Priority: 2, MaxAttempts: 4, TraceContext: "tc"},
 		{Queue: "m", ID: "z", Payload: []byte("second z")},
 		{Queue: "m", ID: "Z"},
-		{Queue: "m", ID: "y", Delay: time.Hour, Priority: 9},
+		{Queue: "m", ID: "y", Delay: time.Hour, Priority: 9, ConcurrencyKey: "k1"},
+		{Queue: "m", ID: "x", ConcurrencyKey: "k2"},
 	}
 	fresh := []outbox.Task{ // every one inserted: the functions' path without a join
 		{Queue: "n", ID: "3", Delay: 2 * time.Hour},
@@ -261,8 +264,8 @@ func TestSameRowsMany(t *testing.T) {
 		}
 	}
 	var n int
-	if err := s.conn.QueryRow(s.ctx, `SELECT count(*) FROM delayq_outbox`).Scan(&n); err != nil || n != 8 {
-		t.Errorf("%d rows (%v), want 8", n, err)
+	if err := s.conn.QueryRow(s.ctx, `SELECT count(*) FROM delayq_outbox`).Scan(&n); err != nil || n != 9 {
+		t.Errorf("%d rows (%v), want 9", n, err)
 	}
 }
 
@@ -308,6 +311,10 @@ func TestRefusedByBoth(t *testing.T) {
 		{"trace context with a newline", outbox.Task{Queue: "q", ID: "a", TraceContext: "a\nb"}, validate.ErrInvalidTraceContext},
 		{"priority negative", outbox.Task{Queue: "q", ID: "a", Priority: -1}, validate.ErrInvalidPriority},
 		{"priority 10", outbox.Task{Queue: "q", ID: "a", Priority: 10}, validate.ErrInvalidPriority},
+		{"concurrency key of 201 bytes", outbox.Task{Queue: "q", ID: "a", ConcurrencyKey: strings.Repeat("k", 201)}, validate.ErrInvalidConcurrencyKey},
+		{"concurrency key with a newline", outbox.Task{Queue: "q", ID: "a", ConcurrencyKey: "a\nb"}, validate.ErrInvalidConcurrencyKey},
+		{"concurrency key with DEL", outbox.Task{Queue: "q", ID: "a", ConcurrencyKey: "a\x7f"}, validate.ErrInvalidConcurrencyKey},
+		{"concurrency key with a C1 control", outbox.Task{Queue: "q", ID: "a", ConcurrencyKey: "a\u0085"}, validate.ErrInvalidConcurrencyKey},
 	}
 	ok := outbox.Task{Queue: "q", ID: "fine"}
 	for _, c := range cases {
@@ -591,12 +598,12 @@ func TestConflictAgree(t *testing.T) {
 		task outbox.Task
 		want outbox.Result // RunAt zero: not compared with a fixed time
 	}{
-		{"replace inserts", outbox.Task{Queue: "q", ID: "r", Payload: []byte("a"), RunAt: later, Priority: 3, Replace: true}, outbox.Result{RunAt: later}},
-		{"replace", outbox.Task{Queue: "q", ID: "r", Payload: []byte("b"), RunAt: later.Add(time.Minute), Replace: true},
+		{"replace inserts", outbox.Task{Queue: "q", ID: "r", Payload: []byte("a"), RunAt: later, Priority: 3, Replace: true, ConcurrencyKey: "first"}, outbox.Result{RunAt: later}},
+		{"replace keeps the key", outbox.Task{Queue: "q", ID: "r", Payload: []byte("b"), RunAt: later.Add(time.Minute), Replace: true, ConcurrencyKey: "second"},
 			outbox.Result{Replaced: true, RunAt: later.Add(time.Minute)}},
 		{"replace keeping the due time", outbox.Task{Queue: "q", ID: "r", Payload: []byte("c"), Delay: time.Hour, Replace: true, KeepRunAt: true},
 			outbox.Result{Replaced: true, RunAt: later.Add(time.Minute)}},
-		{"debounce inserts", outbox.Task{Queue: "q", ID: "d", Payload: []byte("1"), Debounce: 10 * time.Minute, MaxWait: time.Hour}, outbox.Result{}},
+		{"debounce inserts", outbox.Task{Queue: "q", ID: "d", Payload: []byte("1"), Debounce: 10 * time.Minute, MaxWait: time.Hour, ConcurrencyKey: "d"}, outbox.Result{}},
 		{"debounce", outbox.Task{Queue: "q", ID: "d", Payload: []byte("2"), Debounce: 10 * time.Minute, MaxWait: time.Hour}, outbox.Result{Debounced: true}},
 		{"debounce without a cap", outbox.Task{Queue: "q", ID: "d", Payload: []byte("3"), Debounce: time.Minute}, outbox.Result{Debounced: true}},
 		{"duplicate without a policy", outbox.Task{Queue: "q", ID: "d", Payload: []byte("4")}, outbox.Result{Duplicate: true}},
@@ -623,6 +630,13 @@ func TestConflictAgree(t *testing.T) {
 		}
 		if d := goRow.runAt.Sub(sqlRow.runAt).Abs(); d > 10*time.Second {
 			t.Errorf("%s: run_at go %v, sql %v", c.name, goRow.runAt, sqlRow.runAt)
+		}
+	}
+	// A replace keeps the row's concurrency key, as the Go client does.
+	for _, db := range []outbox.Querier{s.goDB, s.conn} {
+		var key string
+		if err := db.QueryRow(s.ctx, `SELECT concurrency_key FROM delayq_outbox WHERE task_id = 'r'`).Scan(&key); err != nil || key != "first" {
+			t.Errorf("the replaced task's key %q (%v), want the first enqueue's, \"first\"", key, err)
 		}
 	}
 	// Queued and due (a worker may run it), and done.
