@@ -102,13 +102,19 @@ func transactionalWorker(t *testing.T, interpreter, workerScript string, produce
 	}
 	holding := map[string]bool{"go-1": true, "go-2": true, "sql-1": true}
 
-	logPath := filepath.Join(t.TempDir(), "worker.log")
-	// First attempts of the holding tasks keep their transaction open for 8 s.
-	command := `case "$DELAYQ_TASK_ID" in go-1|go-2|sql-1) h=8 ;; *) h=0 ;; esac
-exec '` + interpreter + `' '` + script + `' --hold-first-attempt "$h" >> '` + logPath + `' 2>&1`
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "worker.log")
+	// The first run of each holding task keeps its transaction open for 8 s
+	// (the first run, not the first attempt: on a loaded machine a first
+	// attempt may end before its command starts, and the next must hold).
+	command := `h=0
+case "$DELAYQ_TASK_ID" in go-1|go-2|sql-1) mkdir '` + dir + `'/"held-$DELAYQ_TASK_ID" 2>/dev/null && h=8 ;; esac
+exec '` + interpreter + `' '` + script + `' --hold "$h" >> '` + logPath + `' 2>&1`
 	worker := func() *exec.Cmd {
+		// A lease of 3 s: long enough for twelve interpreters starting at once
+		// on a loaded machine, short enough for the takeover below.
 		cmd := s.command(bin, "worker", "--queue", "reminder", "--transactional", "--exec", command,
-			"--concurrency", "12", "--lease", "1s", "--backoff-base", "100ms", "--listen", "")
+			"--concurrency", "12", "--lease", "3s", "--backoff-base", "100ms", "--listen", "")
 		cmd.Stderr = &strings.Builder{}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -144,8 +150,9 @@ exec '` + interpreter + `' '` + script + `' --hold-first-attempt "$h" >> '` + lo
 		}
 		return len(pids) == len(holding)
 	})
-	// go-2's command dies mid-transaction; then the worker, mid-run.
-	if err := syscall.Kill(pids["go-2"], syscall.SIGKILL); err != nil {
+	// go-2's command dies mid-transaction; then the worker, mid-run. (A command
+	// gone already, its lease lost under load, has rolled back as well.)
+	if err := syscall.Kill(pids["go-2"], syscall.SIGKILL); err != nil && err != syscall.ESRCH {
 		t.Fatal(err)
 	}
 	_ = w1.Process.Signal(syscall.SIGKILL)

@@ -12,10 +12,9 @@
 //
 // The effect is a row of reminders_sent, a table without a unique key on purpose:
 // the guard alone keeps the rows to one per order (worker.py's table). Needs
-// `npm ci` here (the pg package). --hold-first-attempt SECONDS keeps a first
-// attempt's transaction open that long before completing, to watch the guard at
-// work: kill the worker meanwhile, and another takes the task over once the lease
-// expires.
+// `npm ci` here (the pg package). --hold SECONDS keeps the run's transaction open
+// that long before completing, to watch the guard at work: kill the worker
+// meanwhile, and another takes the task over once the lease expires.
 'use strict';
 
 const fs = require('fs');
@@ -28,7 +27,7 @@ const STALE = 'QD022';
 
 async function main() {
   const args = process.argv.slice(2);
-  const i = args.indexOf('--hold-first-attempt');
+  const i = args.indexOf('--hold');
   const hold = i >= 0 ? Number(args[i + 1]) : 0;
   const env = process.env;
   const queue = env.DELAYQ_QUEUE;
@@ -45,7 +44,7 @@ async function main() {
     try {
       await client.query('INSERT INTO reminders_sent (order_id, total, attempt) VALUES ($1, $2, $3)',
         [order.order, order.total, attempt]);
-      if (attempt === 1 && hold > 0) {
+      if (hold > 0) {
         console.log(`holding ${taskId} pid ${process.pid}`);
         await new Promise((resolve) => setTimeout(resolve, hold * 1000));
       }

@@ -17,10 +17,10 @@ the guard alone keeps the rows to one per order.
     CREATE TABLE reminders_sent (order_id text NOT NULL, total integer NOT NULL,
         attempt integer NOT NULL, sent_at timestamptz NOT NULL DEFAULT now());
 
-Needs psycopg 3 (Debian: apt-get install python3-psycopg). --hold-first-attempt
-SECONDS keeps a first attempt's transaction open that long before completing,
-to watch the guard at work: kill the worker meanwhile, and another takes the
-task over once the lease expires.
+Needs psycopg 3 (Debian: apt-get install python3-psycopg). --hold SECONDS
+keeps the run's transaction open that long before completing, to watch the
+guard at work: kill the worker meanwhile, and another takes the task over once
+the lease expires.
 """
 
 import argparse
@@ -39,7 +39,7 @@ FINISHED, STALE = "QD021", "QD022"
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hold-first-attempt", type=float, default=0, metavar="SECONDS")
+    parser.add_argument("--hold", type=float, default=0, metavar="SECONDS")
     args = parser.parse_args()
 
     queue, task_id = os.environ["DELAYQ_QUEUE"], os.environ["DELAYQ_TASK_ID"]
@@ -56,9 +56,9 @@ def main():
                     "INSERT INTO reminders_sent (order_id, total, attempt) VALUES (%s, %s, %s)",
                     (order["order"], order["total"], attempt),
                 )
-                if attempt == 1 and args.hold_first_attempt > 0:
+                if args.hold > 0:
                     print(f"holding {task_id} pid {os.getpid()}", flush=True)
-                    time.sleep(args.hold_first_attempt)
+                    time.sleep(args.hold)
                 # Last, so the task's row is locked only for the commit.
                 conn.execute(complete, (queue, task_id, version))
         except psycopg.Error as e:
