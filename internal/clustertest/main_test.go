@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +26,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// A child process of TestSeveralDatabasesFaults (multidb_faults_test.go).
+	if role := os.Getenv(envMDBRole); role != "" {
+		os.Exit(multiDBChild(role))
+	}
 	// go-redis logs every refused dial to a killed master on its own logger; the
 	// tests count and report the errors that matter themselves.
 	redis.SetLogger(quietLogger{})
