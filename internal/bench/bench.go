@@ -107,7 +107,7 @@ func Workloads() []string {
 		"enqueue-tx-held-off", "enqueue-batch", "enqueue-tx-sql", "enqueue-tx-soon-sql", "enqueue-batch-sql",
 		"relay", "drain-tx", "drain-tx-write", "drain-tx-group", "drain-tx-write-group", "drain-plain",
 		"lateness", "lateness-steady", "memory", "recovery", "redis-loss", "redis-loss-restart",
-		"redis-loss-failover", "sharded", "idle", "rate-limit", "priority", "workflow", "bounds", "prune", "soak"} {
+		"redis-loss-failover", "sharded", "multi-db", "idle", "rate-limit", "priority", "workflow", "bounds", "prune", "soak"} {
 		order[n] = i
 	}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })
@@ -116,11 +116,12 @@ func Workloads() []string {
 
 // FullRun lists the workloads `delayq bench` runs when none is named: all but soak,
 // which takes ten minutes, prune, which measures retention rather than a
-// comparison, and enqueue-tx-held-off, which measures a behaviour left behind:
-// they run only by name.
+// comparison, enqueue-tx-held-off, which measures a behaviour left behind, and
+// multi-db, which starts four PostgreSQL servers and a cluster of its own: they
+// run only by name.
 func FullRun() []string {
 	return slices.DeleteFunc(Workloads(), func(n string) bool {
-		return n == "soak" || n == "prune" || n == "enqueue-tx-held-off"
+		return n == "soak" || n == "prune" || n == "enqueue-tx-held-off" || n == "multi-db"
 	})
 }
 

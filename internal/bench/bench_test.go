@@ -57,18 +57,19 @@ func TestWorkloads(t *testing.T) {
 	}
 }
 
-// A full run is every workload but soak, prune and enqueue-tx-held-off, which run
-// only by name; bounds comes last.
+// A full run is every workload but soak, prune, enqueue-tx-held-off and multi-db,
+// which run only by name; bounds comes last.
 func TestFullRun(t *testing.T) {
 	t.Parallel()
 	all, full := Workloads(), FullRun()
-	for _, n := range []string{"soak", "prune", "enqueue-tx-held-off"} {
+	byName := []string{"soak", "prune", "enqueue-tx-held-off", "multi-db"}
+	for _, n := range byName {
 		if !slices.Contains(all, n) || slices.Contains(full, n) {
 			t.Errorf("Workloads() = %v, FullRun() = %v: want %s in the first only", all, full, n)
 		}
 	}
-	if len(full) != len(all)-3 {
-		t.Errorf("Workloads() = %v, FullRun() = %v: want all but three in the second", all, full)
+	if len(full) != len(all)-len(byName) {
+		t.Errorf("Workloads() = %v, FullRun() = %v: want all but %d in the second", all, full, len(byName))
 	}
 	if full[0] != "enqueue-tx" || full[len(full)-1] != "bounds" {
 		t.Errorf("FullRun() = %v: want enqueue-tx first, bounds last", full)

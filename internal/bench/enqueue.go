@@ -38,6 +38,7 @@ func registry() map[string]workload {
 		"redis-loss-restart":   {"redis-loss, but a Redis of its own without persistence is killed and restarted, empty", redisLoss(lossRestart)},
 		"redis-loss-failover":  {"redis-loss on a Redis Cluster of its own (3 masters, replicas): the queue's master killed while its replica lags 500 ms", redisLoss(lossFailover)},
 		"sharded":              {"50,000 tasks due now in one queue on a Redis Cluster of its own (3 masters), relayed and drained by a plain worker (32 slots), in 1 shard, in 3 (--shards), in 3 with 32 slots a shard: each master's share of the commands", sharded},
+		"multi-db":             {"20,000 tasks over 1, 2 and 4 PostgreSQL servers of its own feeding a Redis Cluster of its own (3 masters): enqueue-tx (8 producers in all) and drain-tx (32 slots in all), throughput per database and in total, CPU per task against one database (run only by name)", multiDB},
 		"soak":                 {"10 minutes at 500 tasks/s, one failure in 20, pruning after 5 s: samples of what could grow, then exactly-once checked (run only by name)", soak},
 		"prune":                {"1,000,000 done rows past retention, one retention pass while 8 producers commit 200 tasks/s: its duration, enqueue p99 before, during, after (run only by name)", prune},
 		"rate-limit":           {"a queue limited to 200 starts/s and an unlimited one, both backlogged, 4 workers: the observed rate over 60 s, the other queue's drain", rateLimit},
