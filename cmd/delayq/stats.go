@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/reconcile"
@@ -12,10 +14,14 @@ import (
 type statsOptions struct {
 	scanFlags
 	json, exact bool
+	databases   databaseFlags
+	dbs         []namedDatabase // --database, parsed
 }
 
 const statsHelp = "  delayq stats                            # every queue, as a table\n" +
-	"  delayq stats --queue payment --json     # one queue, as JSON\n\n" +
+	"  delayq stats --queue payment --json     # one queue, as JSON\n" +
+	"  delayq stats --database eu1=postgres://db-eu1/app --database us1=postgres://db-us1/app\n" +
+	"                                          # several outbox databases: each one's rows and the total\n\n" +
 	"Columns: outbox rows by state (Postgres); READY (due or not), DUE (due now),\n" +
 	"ACTIVE (leased), EXPIRED (leases past their deadline, for the reaper) and R-DEAD\n" +
 	"in Redis; PENDING-AGE: how long the oldest due pending row has waited for the\n" +
@@ -24,14 +30,20 @@ const statsHelp = "  delayq stats                            # every queue, as a
 	"PENDING, QUEUED and DEAD are exact (counted over their indexes). Above\n" +
 	"50,000 outbox rows DONE and CANCELLED are estimates from the planner's\n" +
 	"statistics (marked ~; \"estimated\": true in JSON); --exact counts them,\n" +
-	"reading every row.\n"
+	"reading every row. With --database (repeated), the DATABASE column names each\n" +
+	"database's rows and TOTAL rows sum each queue over them (the ages: the largest).\n"
 
 func (o *statsOptions) parse(m *Main, args []string) error {
 	fs := newFlagSet(m, "stats", "stats [flags]", statsHelp)
 	o.register(fs, m, true, "only this queue (repeat, or comma-separated; default: every queue)")
 	fs.BoolVar(&o.json, "json", false, "print the figures as JSON")
 	fs.BoolVar(&o.exact, "exact", false, "count the done and cancelled rows exactly, reading every row (default: estimated above 50,000 rows)")
+	registerDatabases(fs, &o.databases)
 	if err := parseArgs(fs, args, 0); err != nil {
+		return err
+	}
+	var err error
+	if o.dbs, err = resolveDatabases(fs, &o.databases); err != nil {
 		return err
 	}
 	return o.validate(o.options())
@@ -49,6 +61,9 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 	var o statsOptions
 	if err := o.parse(m, args); err != nil {
 		return err
+	}
+	if len(o.dbs) > 0 {
+		return runStatsOf(ctx, m, &o)
 	}
 	s, err := o.conn.openStores(ctx, true)
 	if err != nil {
@@ -83,4 +98,99 @@ func runStats(ctx context.Context, m *Main, args []string) error {
 			age(s.OldestPendingAge), age(s.OldestDueLateness), paused(s.Queue))
 	}
 	return tw.Flush()
+}
+
+// databaseStats is one database's figures in 'delayq stats --database'.
+type databaseStats struct {
+	Database string                 `json:"database"`
+	Queues   []reconcile.QueueStats `json:"queues"`
+}
+
+// runStatsOf is 'delayq stats' over several databases: each database's rows,
+// then the total of each queue.
+func runStatsOf(ctx context.Context, m *Main, o *statsOptions) error {
+	var per []databaseStats
+	paused := map[string]func(string) string{}
+	err := forEachDatabase(ctx, o.conn, o.dbs, func(key string, s *stores) error {
+		st, err := reconcile.Stats(ctx, s.pool, s.dq, o.options())
+		if err != nil {
+			return err
+		}
+		if st == nil {
+			st = []reconcile.QueueStats{}
+		}
+		per = append(per, databaseStats{Database: key, Queues: st})
+		if !o.json {
+			paused[key] = pausedQueues(ctx, s.client)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	total := totalStats(per)
+	if o.json {
+		return writeJSON(m.Stdout, struct {
+			Databases []databaseStats        `json:"databases"`
+			Total     []reconcile.QueueStats `json:"total"`
+		}{per, total})
+	}
+	if len(total) == 0 {
+		fmt.Fprintln(m.Stdout, "no queues")
+		return nil
+	}
+	tw := newTable(m.Stdout, "DATABASE\tQUEUE\tPENDING\tQUEUED\tDONE\tDEAD\tCANCELLED\tWAITING\tREADY\tDUE\tACTIVE\tEXPIRED\tR-DEAD\tOVERDUE\tPENDING-AGE\tLATENESS\tPAUSED")
+	row := func(db string, s reconcile.QueueStats, paused string) {
+		p := s.Postgres
+		mark := ""
+		if s.Estimated {
+			mark = "~"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s%d\t%d\t%s%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", db, s.Queue,
+			p[delayqtype.StatePending], p[delayqtype.StateQueued], mark, p[delayqtype.StateDone], p[delayqtype.StateDead], mark, p[delayqtype.StateCancelled], p[delayqtype.StateWaiting],
+			s.Ready, s.DueNow, s.Active, s.ExpiredLeases, s.Dead, s.Overdue,
+			age(s.OldestPendingAge), age(s.OldestDueLateness), paused)
+	}
+	for _, d := range per {
+		for _, s := range d.Queues {
+			row(d.Database, s, paused[d.Database](s.Queue))
+		}
+	}
+	for _, s := range total {
+		row("TOTAL", s, "")
+	}
+	return tw.Flush()
+}
+
+// totalStats sums each queue's figures over the databases, in queue order: the
+// counts added, the ages the largest, estimated if any part is.
+func totalStats(per []databaseStats) []reconcile.QueueStats {
+	byQueue := map[string]*reconcile.QueueStats{}
+	for _, d := range per {
+		for _, s := range d.Queues {
+			t := byQueue[s.Queue]
+			if t == nil {
+				t = &reconcile.QueueStats{Queue: s.Queue, Postgres: map[delayqtype.State]int64{}}
+				byQueue[s.Queue] = t
+			}
+			for st, n := range s.Postgres {
+				t.Postgres[st] += n
+			}
+			t.Estimated = t.Estimated || s.Estimated
+			t.Ready += s.Ready
+			t.DueNow += s.DueNow
+			t.Active += s.Active
+			t.ExpiredLeases += s.ExpiredLeases
+			t.Dead += s.Dead
+			t.Overdue += s.Overdue
+			t.OldestPendingAge = max(t.OldestPendingAge, s.OldestPendingAge)
+			t.OldestDueLateness = max(t.OldestDueLateness, s.OldestDueLateness)
+		}
+	}
+	out := make([]reconcile.QueueStats, 0, len(byQueue))
+	for _, t := range byQueue {
+		out = append(out, *t)
+	}
+	slices.SortFunc(out, func(a, b reconcile.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
+	return out
 }

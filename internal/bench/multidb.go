@@ -301,15 +301,22 @@ func (s *session) multiDBPhase(ctx context.Context, g *multiDBRig, r *Result, k,
 	for i := range k {
 		stops[i] = s.background(ctx, clients[i].Run)
 	}
-	for i := range k {
-		err = waitFor(ctx, 10*time.Minute, "the drain of "+keys[i], func() (bool, error) {
-			return clients[i].RunStats().Succeeded >= int64(share(i)), nil
-		})
-		elapsed[i] = time.Since(start)
-		if err != nil {
-			break
-		}
+	// One wait over every database, so that each one's end is its own.
+	for i := range elapsed {
+		elapsed[i] = 0
 	}
+	err = waitFor(ctx, 10*time.Minute, "the drain", func() (bool, error) {
+		left := 0
+		for i := range k {
+			if elapsed[i] == 0 && clients[i].RunStats().Succeeded >= int64(share(i)) {
+				elapsed[i] = time.Since(start)
+			}
+			if elapsed[i] == 0 {
+				left++
+			}
+		}
+		return left == 0, nil
+	})
 	total = time.Since(start)
 	after, cerr := g.cpu(ctx, k)
 	if err = stopAll(err, stops); err == nil {
