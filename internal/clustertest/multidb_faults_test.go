@@ -58,43 +58,55 @@ func TestSeveralDatabasesFaults(t *testing.T) {
 	keys := []string{"eu1", "us1", "ap1"}
 	dbs := make([]*faultDB, len(keys))
 	for i, key := range keys {
-		pg := newPG(t)
+		pg := ownPG(t)
 		dbs[i] = &faultDB{key: key, pg: pg, procs: map[string]*mdbProc{}}
+		t.Cleanup(func() {
+			if t.Failed() {
+				dbs[i].dumpLogs(t)
+			}
+		})
 		for _, role := range []string{"relay", "w1", "w2"} {
 			dbs[i].spawn(t, role, cl.Addrs(), prefix, queues)
 		}
 	}
 
-	// Producers: 480 tasks per database (40 per queue), in transactions of 12
-	// (one task per queue) 120ms apart, due now or up to 1.5s later: about 5s of
-	// load, which the faults below land in.
-	const perQueue = 40
+	// Producers: transactions of 12 tasks (one a queue) 120ms apart into every
+	// database, due now or up to 1.5s later, until the faults are over: each
+	// fault lands while the load runs, however slow the machine.
+	stopLoad := make(chan struct{})
 	var wg sync.WaitGroup
 	prodErr := make([]error, len(dbs))
+	var prodMu sync.Mutex
 	for i, d := range dbs {
+		// A producer that failed ends the test's waits at once, with its error.
+		d.failed = func() error {
+			prodMu.Lock()
+			defer prodMu.Unlock()
+			return prodErr[i]
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for n := range perQueue {
+			for n := 0; ; n++ {
 				batch := make([]outbox.Task, 0, len(queues))
 				for _, q := range queues {
-					batch = append(batch, outbox.Task{Queue: q, ID: fmt.Sprintf("t%03d", n),
+					batch = append(batch, outbox.Task{Queue: q, ID: fmt.Sprintf("t%05d", n),
 						Delay: time.Duration(rand.IntN(1500)) * time.Millisecond})
 				}
 				if err := d.pg.insert(ctx, batch, len(batch)); err != nil {
+					prodMu.Lock()
 					prodErr[i] = err
+					prodMu.Unlock()
 					return
 				}
-				// A pause between transactions spreads the load over the faults.
 				select {
-				case <-ctx.Done():
+				case <-stopLoad:
 					return
 				case <-time.After(120 * time.Millisecond):
 				}
 			}
 		}()
 	}
-	total := perQueue * len(queues)
 
 	// Worker SIGKILL: once every database has effects, its w1 dies in the
 	// middle of its handlers and starts again.
@@ -135,23 +147,30 @@ func TestSeveralDatabasesFaults(t *testing.T) {
 		t.Fatalf("FLUSHALL on %s: %v", victim, err)
 	}
 
+	// The load goes on until every database made progress after the loss.
+	for _, d := range dbs {
+		d.waitEffects(t, d.effects(t)+24)
+	}
+	close(stopLoad)
 	wg.Wait()
 	for i, err := range prodErr {
 		if err != nil {
 			t.Fatalf("%s: %v", dbs[i].key, err)
 		}
 	}
-	for _, d := range dbs {
+	totals := make([]int, len(dbs))
+	for i, d := range dbs {
+		totals[i] = d.pg.count(t, `SELECT count(*) FROM delayq_outbox`)
 		eventually(t, 90*time.Second, func() (bool, string) {
 			s := d.pg.states(t)
-			return s["done"] == total, fmt.Sprintf("%s: %v of %d", d.key, s, total)
+			return s["done"] == totals[i], fmt.Sprintf("%s: %v of %d", d.key, s, totals[i])
 		})
 	}
-	for _, d := range dbs {
+	for i, d := range dbs {
 		t.Run(d.key, func(t *testing.T) {
 			d.pg.checkEffects(t)
-			if n := d.pg.count(t, `SELECT count(*) FROM effects`); n != total {
-				t.Errorf("%d effects for %d tasks", n, total)
+			if n := d.pg.count(t, `SELECT count(*) FROM effects`); n != totals[i] {
+				t.Errorf("%d effects for %d tasks", n, totals[i])
 			}
 			if !d.logged(t, "relay", "Redis lost data", false) {
 				t.Errorf("the relay of %s never detected the loss of %s", d.key, victim)
@@ -161,15 +180,16 @@ func TestSeveralDatabasesFaults(t *testing.T) {
 	if queued == 0 {
 		t.Errorf("no task was queued in Redis when %s was flushed: the fault never bit", victim)
 	}
-	t.Logf("3 databases × %d tasks, each run once: w1 and the relay of each killed, %s (%d queues) flushed with %d tasks queued",
-		total, victim, len(perMaster[victim]), queued)
+	t.Logf("3 databases, %v tasks, each run once: w1 and the relay of each killed, %s (%d queues) flushed with %d tasks queued",
+		totals, victim, len(perMaster[victim]), queued)
 }
 
 // faultDB is one outbox database of TestSeveralDatabasesFaults and its
 // processes.
 type faultDB struct {
-	key   string
-	pg    pgBundle
+	key    string
+	pg     pgBundle
+	failed func() error // the producer's error, if it failed
 	mu    sync.Mutex
 	procs map[string]*mdbProc // by role name: relay, w1, w2
 	logs  []string            // every process's log file, killed ones included
@@ -256,8 +276,13 @@ func (d *faultDB) effects(t *testing.T) int {
 func (d *faultDB) waitEffects(t *testing.T, n int) {
 	t.Helper()
 	eventually(t, 60*time.Second, func() (bool, string) {
+		if d.failed != nil {
+			if err := d.failed(); err != nil {
+				t.Fatalf("%s: the producer failed: %v", d.key, err)
+			}
+		}
 		got := d.effects(t)
-		return got >= n, fmt.Sprintf("%s: %d of %d effects", d.key, got, n)
+		return got >= n, fmt.Sprintf("%s: %d of %d effects; outbox %v", d.key, got, n, d.pg.states(t))
 	})
 }
 
@@ -315,7 +340,12 @@ func runMultiDBChild(ctx context.Context, role, name string, log *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = 16
+	// Few connections: the test server's max_connections is shared with every
+	// other test. A worker's 24 slots wait for one; the relay needs a few.
+	pcfg.MaxConns = 8
+	if role == "relay" {
+		pcfg.MaxConns = 4
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -366,4 +396,39 @@ func runMultiDBChild(ctx context.Context, role, name string, log *slog.Logger) e
 		return c.Run(ctx)
 	}
 	return fmt.Errorf("unknown role %q", role)
+}
+
+// dumpLogs writes the last lines of every process's log to the test log.
+func (d *faultDB) dumpLogs(t *testing.T) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, path := range d.logs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Logf("%s: %v", path, err)
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		t.Logf("%s, last lines:\n%s", filepath.Base(path), strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+}
+
+// ownPG is newPG on a PostgreSQL server of the test's own: the shared test
+// server's connections are shared with every other test, and this test's nine
+// processes hold many.
+func ownPG(t *testing.T) pgBundle {
+	t.Helper()
+	url := testenv.OwnPostgres(t).URL()
+	pool := testenv.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (
+		queue text NOT NULL, task_id text NOT NULL, attempt int NOT NULL, worker text NOT NULL,
+		due timestamptz NOT NULL, claimed_at timestamptz NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pgBundle{url: url, pool: pool, ob: ob}
 }
