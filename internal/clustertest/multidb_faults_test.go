@@ -190,9 +190,9 @@ type faultDB struct {
 	key    string
 	pg     pgBundle
 	failed func() error // the producer's error, if it failed
-	mu    sync.Mutex
-	procs map[string]*mdbProc // by role name: relay, w1, w2
-	logs  []string            // every process's log file, killed ones included
+	mu     sync.Mutex
+	procs  map[string]*mdbProc // by role name: relay, w1, w2
+	logs   []string            // every process's log file, killed ones included
 }
 
 // mdbProc is a child process.
