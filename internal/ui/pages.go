@@ -2,6 +2,7 @@ package ui
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,7 +175,22 @@ type queueRow struct {
 	Paused, RedisPaused bool
 	Hour                hourView
 	HistoryErr          string
+	// KeyCap is the queue's cap of runs per concurrency key (0: none); KeyRuns
+	// the keys with runs holding a slot (Redis's count, what the claim checks),
+	// busiest first; KeyRunsErr why they could not be read.
+	KeyCap     int
+	KeyRuns    []keyRuns
+	KeyRunsErr string
 }
+
+// keyRuns is one concurrency key's runs holding a slot.
+type keyRuns struct {
+	Key  string
+	Runs int
+}
+
+// keyRunsShown is the most keys a queue's row lists: the busiest.
+const keyRunsShown = 20
 
 func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	ctx, cancel := ctxOf(r)
@@ -188,8 +205,10 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	}
 	opts := h.opts
 	paused := map[string]bool{}
+	keyCap := map[string]int{}
 	for _, c := range ctls {
 		paused[c.Queue] = c.Paused
+		keyCap[c.Queue] = c.KeyConcurrency
 		opts.AlsoQueues = append(opts.AlsoQueues, c.Queue)
 	}
 	st, err := reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, opts)
@@ -210,10 +229,16 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 	)
 	wg.Go(func() { hist, histErr = h.cfg.Redis.History(ctx, p.Now, historyMinutes, names...) })
 	wg.Go(func() { redisPaused, _ = h.cfg.Redis.PausedMany(ctx, names...) }) // a missing flag shows as Postgres's
-	wg.Wait()
 	rows := make([]queueRow, len(st))
 	for i, s := range st {
-		rows[i] = queueRow{QueueStats: s, RedisLive: s.Ready + s.Active, Paused: paused[s.Queue], RedisPaused: redisPaused[s.Queue]}
+		if c := keyCap[s.Queue]; c > 0 { // a capped queue: its runs per key
+			rows[i].KeyCap = c
+			wg.Go(func() { rows[i].KeyRuns, rows[i].KeyRunsErr = h.keyRuns(ctx, s.Queue) })
+		}
+	}
+	wg.Wait()
+	for i, s := range st {
+		rows[i].QueueStats, rows[i].RedisLive, rows[i].Paused, rows[i].RedisPaused = s, s.Ready+s.Active, paused[s.Queue], redisPaused[s.Queue]
 		for _, n := range s.Postgres {
 			rows[i].Total += n
 		}
@@ -230,6 +255,21 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 		p.Refresh = v
 	}
 	h.render(w, p, "queues", rows)
+}
+
+// keyRuns reads queue's runs holding a slot per concurrency key, busiest
+// first, at most keyRunsShown; the error as text for the page.
+func (h *Handler) keyRuns(ctx context.Context, queue string) ([]keyRuns, string) {
+	m, err := h.cfg.Redis.KeyRuns(ctx, queue)
+	if err != nil {
+		return nil, err.Error()
+	}
+	out := make([]keyRuns, 0, len(m))
+	for k, n := range m {
+		out = append(out, keyRuns{k, n})
+	}
+	slices.SortFunc(out, func(a, b keyRuns) int { return cmp.Or(cmp.Compare(b.Runs, a.Runs), strings.Compare(a.Key, b.Key)) })
+	return out[:min(len(out), keyRunsShown)], ""
 }
 
 // agreeCounts compares the counts of the two stores: every queued row is ready or
