@@ -119,12 +119,13 @@ func (m *model) check(ctx context.Context) {
 		}
 	}
 	for k := range rows {
-		if m.tasks[k] == nil && m.wfTasks[k] == nil {
+		if m.tasks[k] == nil && m.wfTasks[k] == nil && m.batches[k] == nil {
 			v.add("unknown", "%s: a row the model never committed", k)
 		}
 	}
 	m.checkRedis(ctx, v, rows)
 	m.checkWorkflows(ctx, v, rows, runs, effects)
+	m.checkBatches(ctx, v, rows, runs, effects)
 	m.checkResults(ctx, v, effects)
 	m.checkControls(v, runs)
 	incs, err := reconcile.Check(ctx, s.admin, s.dq, reconcile.Options{Queues: modelQueues, Grace: -1})

@@ -89,6 +89,9 @@ type model struct {
 	wf      *workflow.Client
 	wfTasks map[key]*mdep
 	wfOrder []*mdep
+	// The batches (model_batch_test.go), by their callback.
+	batches    map[key]*mbatch
+	batchOrder []*mbatch
 
 	kills []time.Time   // when a worker was SIGKILLed
 	spans []controlSpan // the pauses and rate limits applied, by the Redis clock
@@ -106,7 +109,7 @@ type model struct {
 func newModel(s *system, seed uint64) *model {
 	return &model{
 		s: s, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), start: time.Now(),
-		tasks: map[key]*mtask{}, rolled: map[key]bool{}, ops: map[string]int{}, wf: workflow.New(s.ob), wfTasks: map[key]*mdep{},
+		tasks: map[key]*mtask{}, rolled: map[key]bool{}, ops: map[string]int{}, wf: workflow.New(s.ob), wfTasks: map[key]*mdep{}, batches: map[key]*mbatch{},
 		st: taskstate.NewStatements(taskstate.Config{Schema: "public", NotifyChannel: taskstate.DefaultNotifyChannel}),
 	}
 }
@@ -169,6 +172,8 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"sharded-burst", 4, m.opShardedBurst},
 		{"reshard", 2, m.opReshard},
 		{"workflow", 12, m.opWorkflow},
+		{"batch", 5, m.opBatch},
+		{"batch-cancel", 2, m.opBatchCancel},
 		{"wait", 10, m.opWait},
 	}
 	total := 0

@@ -185,6 +185,9 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool, wf *workflow.Clien
 			if _, err := tx.Exec(ctx, sqlModelEffect, t.Queue, t.ID, inc, t.Version, t.Attempt, name); err != nil {
 				return err
 			}
+			if err := recordBatchCounts(ctx, tx, wf, t); err != nil {
+				return err
+			}
 			return wf.SetResult(ctx, tx, t, modelResult(inc, t.Version, t.Attempt))
 		}
 		switch o {
@@ -408,6 +411,9 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	}
 	if _, err := s.admin.Exec(ctx, sqlModelTransitions); err != nil {
 		t.Fatalf("model transitions: %v", err)
+	}
+	if _, err := s.admin.Exec(ctx, sqlModelBatch); err != nil {
+		t.Fatalf("model batches: %v", err)
 	}
 	if _, err := s.admin.Exec(ctx, `INSERT INTO model_config VALUES ($1::text::numeric)`, strconv.FormatUint(seed, 10)); err != nil {
 		t.Fatal(err)
