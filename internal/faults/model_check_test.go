@@ -126,6 +126,8 @@ func (m *model) check(ctx context.Context) {
 	m.checkRedis(ctx, v, rows)
 	m.checkWorkflows(ctx, v, rows, runs, effects)
 	m.checkBatches(ctx, v, rows, runs, effects)
+	m.checkKeys(ctx, v)
+	m.checkPayloads(ctx, v)
 	m.checkResults(ctx, v, effects)
 	m.checkControls(v, runs)
 	incs, err := reconcile.Check(ctx, s.admin, s.dq, reconcile.Options{Queues: modelQueues, Grace: -1})

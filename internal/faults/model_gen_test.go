@@ -63,7 +63,13 @@ type mtask struct {
 	// flushed: Redis was flushed since the current version began (a dead task's
 	// record may then be missing from Redis: reconcile does not restore it).
 	flushed bool
-	log     []string
+	// payload is the last payload a replace or debounce wrote ("" while none did).
+	payload string
+	// cuts are when an operation ended the task's lease in Redis, if a run held
+	// it: a reschedule, replace or debounce (the relay's replacing enqueue), a
+	// cancel (the removal). A run holds its key's slot no longer.
+	cuts []time.Time
+	log  []string
 }
 
 func (t *mtask) key() key { return key{t.q, t.id} }
@@ -93,8 +99,11 @@ type model struct {
 	batches    map[key]*mbatch
 	batchOrder []*mbatch
 
-	kills []time.Time   // when a worker was SIGKILLed
-	spans []controlSpan // the pauses and rate limits applied, by the Redis clock
+	kills []time.Time // when a worker was SIGKILLed
+	// losses are Redis's data losses: from just before the FLUSHALL to just
+	// after it.
+	losses []struct{ from, to time.Time }
+	spans  []controlSpan // the pauses and rate limits applied, by the Redis clock
 	// pgCrashes are the Postgres crashes, each from the kill to the end of the
 	// time its broken connections may still fail a run (opPostgresCrash).
 	pgCrashes []struct{ from, to time.Time }
@@ -174,6 +183,9 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"workflow", 12, m.opWorkflow},
 		{"batch", 5, m.opBatch},
 		{"batch-cancel", 2, m.opBatchCancel},
+		{"keyed", 8, m.opKeyed},
+		{"replace", 5, m.opReplace},
+		{"debounce-burst", 3, m.opDebounceBurst},
 		{"wait", 10, m.opWait},
 	}
 	total := 0
@@ -229,7 +241,7 @@ func (m *model) begin(t *mtask, maxAttempts int, runAt time.Time) {
 		t.incs = map[int]*incarnation{}
 	}
 	t.incs[t.inc] = &incarnation{maxAttempts: maxAttempts, runAt: map[int]time.Time{1: runAt}, superseded: map[int]time.Time{}}
-	t.k, t.version, t.a0, t.since, t.flushed = kOpen, 1, 0, time.Now(), false
+	t.k, t.version, t.a0, t.since, t.flushed, t.payload = kOpen, 1, 0, time.Now(), false, ""
 }
 
 // opEnqueue commits a transaction of one to three new tasks (sometimes with a
@@ -396,6 +408,7 @@ func (m *model) reschedule(ctx context.Context, t *mtask) {
 	t.version = version
 	inc.runAt[version] = runAt
 	t.a0, t.since, t.flushed = attempt, now, false
+	t.cuts = append(t.cuts, now)
 	m.logf(t, "reschedule %s (%s, +%v): version %d, attempt %d", stamp(runAt), what, d, version, attempt)
 }
 
@@ -465,6 +478,7 @@ func (m *model) opCancel(ctx context.Context) {
 		m.violation(t, "cancel of a task known done succeeded")
 	}
 	t.k = kCancelled
+	t.cuts = append(t.cuts, time.Now())
 	m.logf(t, "cancel: cancelled (version %d)", t.version)
 }
 
@@ -659,9 +673,11 @@ func (m *model) opRelayKill(context.Context) {
 
 // opFlush empties Redis (FLUSHALL), then reconciles it from Postgres.
 func (m *model) opFlush(ctx context.Context) {
+	from := time.Now()
 	if err := m.s.rdb.FlushAll(ctx).Err(); err != nil {
 		m.s.t.Fatalf("FLUSHALL: %v", err)
 	}
+	m.losses = append(m.losses, struct{ from, to time.Time }{from, time.Now()})
 	for _, t := range m.order {
 		t.flushed = true
 	}

@@ -181,9 +181,11 @@ func (m *model) enqueueOne(ctx context.Context, q string, hold time.Duration, no
 // queue's tasks in their own shards).
 func (m *model) opRedisLossRelayDown(ctx context.Context) {
 	m.relays.holdDown()
+	from := time.Now()
 	if err := m.s.rdb.FlushAll(ctx).Err(); err != nil {
 		m.s.t.Fatalf("FLUSHALL: %v", err)
 	}
+	m.losses = append(m.losses, struct{ from, to time.Time }{from, time.Now()})
 	for _, t := range m.order {
 		t.flushed = true
 	}

@@ -96,9 +96,9 @@ CREATE TABLE model_runs (
 	started_at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE model_effects (
 	queue text NOT NULL, task_id text NOT NULL, inc int NOT NULL, version int NOT NULL, attempt int NOT NULL,
-	worker text NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp());`
+	worker text NOT NULL, payload text NOT NULL, written_at timestamptz NOT NULL DEFAULT clock_timestamp());`
 	sqlModelRun    = `INSERT INTO model_runs (queue, task_id, inc, version, attempt, outcome, worker, due, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
-	sqlModelEffect = `INSERT INTO model_effects (queue, task_id, inc, version, attempt, worker) VALUES ($1, $2, $3, $4, $5, $6)`
+	sqlModelEffect = `INSERT INTO model_effects (queue, task_id, inc, version, attempt, worker, payload) VALUES ($1, $2, $3, $4, $5, $6, $7)`
 )
 
 // outcomeKind is what a handler does on one run.
@@ -164,7 +164,8 @@ func modelResult(inc, version, attempt int) []byte {
 }
 
 func payloadInc(p []byte) int {
-	n, _ := strconv.Atoi(strings.TrimPrefix(string(p), "inc="))
+	s, _, _ := strings.Cut(string(p), ";") // a replace tags its payload: "inc=1;r=42"
+	n, _ := strconv.Atoi(strings.TrimPrefix(s, "inc="))
 	return n
 }
 
@@ -181,8 +182,13 @@ func modelHandler(name string, seed uint64, db *pgxpool.Pool, wf *workflow.Clien
 		if _, err := db.Exec(ctx, sqlModelRun, t.Queue, t.ID, inc, t.Version, t.Attempt, o.String(), name, t.Due, t.ClaimedAt); err != nil {
 			return fmt.Errorf("record the run: %w", err)
 		}
+		end, err := keyRunStart(ctx, db, t, name)
+		if err != nil {
+			return err
+		}
+		defer end()
 		effect := func() error {
-			if _, err := tx.Exec(ctx, sqlModelEffect, t.Queue, t.ID, inc, t.Version, t.Attempt, name); err != nil {
+			if _, err := tx.Exec(ctx, sqlModelEffect, t.Queue, t.ID, inc, t.Version, t.Attempt, name, string(t.Payload)); err != nil {
 				return err
 			}
 			if err := recordBatchCounts(ctx, tx, wf, t); err != nil {
@@ -415,6 +421,9 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	if _, err := s.admin.Exec(ctx, sqlModelBatch); err != nil {
 		t.Fatalf("model batches: %v", err)
 	}
+	if _, err := s.admin.Exec(ctx, sqlModelKeyRuns); err != nil {
+		t.Fatalf("model key runs: %v", err)
+	}
 	if _, err := s.admin.Exec(ctx, `INSERT INTO model_config VALUES ($1::text::numeric)`, strconv.FormatUint(seed, 10)); err != nil {
 		t.Fatal(err)
 	}
@@ -428,6 +437,7 @@ func runModel(t *testing.T, seed uint64, opsTime time.Duration) {
 	}
 	m := newModel(s, seed)
 	m.pg = pg
+	m.setKeyLimits(ctx) // before any task: a cap set while tasks run does not count them
 	m.relays = s.startFleet(modelRelayRole, 1)
 	m.workers = s.startFleet(modelWorkerRole, 2)
 	m.generate(ctx, opsTime)
