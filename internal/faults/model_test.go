@@ -10,7 +10,10 @@ package faults
 // of the seed (plan), which the handlers in the child processes and the model
 // compute alike. When the operations stop, the checker (model_check_test.go)
 // waits for the system to settle and compares Postgres, Redis and the handlers'
-// records (every run, every committed effect) with the model.
+// records (every run, every committed effect) with the model. Its features
+// have files of their own: workflows (model_wf_test.go), batches
+// (model_batch_test.go), concurrency keys with their caps and throttles, and
+// replace/debounce (model_keys_test.go).
 //
 //	go test -race -count=1 -run TestModel ./internal/faults/        # short run, < 60s
 //	DELAYQ_MODEL_SEED=1234 go test -run TestModel ./internal/faults/  # replay a seed
