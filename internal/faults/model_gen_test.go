@@ -264,7 +264,7 @@ func (m *model) opEnqueue(ctx context.Context) {
 	if m.rng.IntN(5) == 0 {
 		dup = m.pick(func(t *mtask) bool { return t.k != kGone && t.k != kMaybeGone })
 		if dup != nil {
-			tasks = append(tasks, outbox.Task{Queue: dup.q, ID: dup.id, Payload: modelPayload(dup.inc + 1), MaxAttempts: 2})
+			tasks = append(tasks, outbox.Task{Queue: dup.q, ID: dup.id, Payload: modelPayload(dup.inc + 1), MaxAttempts: 2, ConcurrencyKey: modelKeyOf(dup.id)})
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -319,7 +319,8 @@ func (m *model) opDuplicate(ctx context.Context) {
 		m.s.t.Fatalf("begin: %v", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after the commit
-	r, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(t.inc + 1), Delay: d, MaxAttempts: ma, Priority: modelPriority(t.id)})
+	r, err := m.s.ob.Enqueue(ctx, tx, outbox.Task{Queue: t.q, ID: t.id, Payload: modelPayload(t.inc + 1), Delay: d, MaxAttempts: ma, Priority: modelPriority(t.id),
+		ConcurrencyKey: modelKeyOf(t.id)}) // a keyed id keeps its key in every incarnation (modelKeyOf)
 	if err != nil {
 		m.s.t.Fatalf("enqueue %s: %v", t.key(), err)
 	}
