@@ -62,7 +62,10 @@ type mbatch struct {
 	// cancelled: a batch cancel committed (the callback is then cancelled, or
 	// finished before).
 	cancelled bool
-	log       []string
+	// version is the callback's, bumped by dead retries of its queue (a
+	// callback may die as any task).
+	version int
+	log     []string
 }
 
 func (b *mbatch) logf(m *model, format string, args ...any) {
@@ -79,7 +82,7 @@ func (m *model) opBatch(ctx context.Context) {
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after the commit
 	m.nextID++
-	b := &mbatch{cb: key{m.queue(), fmt.Sprintf("%s%04d", batchCallbackPrefix, m.nextID)}}
+	b := &mbatch{cb: key{m.queue(), fmt.Sprintf("%s%04d", batchCallbackPrefix, m.nextID)}, version: 1}
 	cbDelay := time.Duration(0)
 	if m.rng.IntN(3) == 0 {
 		cbDelay, _ = m.delay()
@@ -243,6 +246,20 @@ func (m *model) opBatchCancel(ctx context.Context) {
 	}
 	b.logf(m, "cancel via %s: %d cancelled", via, n)
 	m.logf(nil, "batch cancel %s via %s: %d cancelled", b.cb, via, n)
+}
+
+// retriedCallbacks counts the callbacks of q whose version a dead retry of the
+// whole queue bumped (rows: the queue's rows read after it).
+func (m *model) retriedCallbacks(q string, rows map[string][2]any) int {
+	n := 0
+	for _, b := range m.batchOrder {
+		if r, ok := rows[b.cb.id]; ok && b.cb.queue == q && r[0].(int) == b.version+1 {
+			b.version++
+			b.logf(m, "dead retry --all: version %d", b.version)
+			n++
+		}
+	}
+	return n
 }
 
 // checkBatches checks every batch against the recorded transitions and counts.

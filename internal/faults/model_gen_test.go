@@ -566,7 +566,7 @@ func (m *model) opRetryAllDead(ctx context.Context) {
 			m.violation(t, "RetryAllDead did not retry a task known dead (now %s)", r[1])
 		}
 	}
-	bumped += m.retriedDependents(q, rows)
+	bumped += m.retriedDependents(q, rows) + m.retriedCallbacks(q, rows)
 	m.logf(nil, "dead retry --all %s: %d retried", q, n)
 	if bumped != n {
 		m.violation(nil, "RetryAllDead %s reported %d, the model saw %d versions bumped", q, n, bumped)
