@@ -225,6 +225,7 @@ func (m *model) opBatchCancel(ctx context.Context) {
 	if _, err := pgx.ForEachRow(rs, []any{&k.queue, &k.id, &st}, func() error { states[k] = st; return nil }); err != nil {
 		m.s.t.Fatalf("read the batch: %v", err)
 	}
+	cutAt := time.Now() // before the commit, as reschedule's
 	if err := tx.Commit(ctx); err != nil {
 		m.s.t.Fatalf("commit batch cancel: %v", err)
 	}
@@ -240,7 +241,7 @@ func (m *model) opBatchCancel(ctx context.Context) {
 			m.violation(t, "batch cancel of %s: the child is %s after it", b.cb, st)
 		case st == "cancelled" && (t.k == kOpen || t.k == kMaybeGone):
 			t.k = kCancelled
-			t.cuts = append(t.cuts, time.Now())
+			t.cuts = append(t.cuts, cutAt)
 			m.logf(t, "batch cancel of %s: cancelled (version %d)", b.cb, t.version)
 		}
 	}

@@ -394,6 +394,11 @@ func (m *model) reschedule(ctx context.Context, t *mtask) {
 	if err := tx.QueryRow(ctx, `SELECT version, attempt FROM delayq_outbox WHERE queue = $1 AND task_id = $2`, t.q, t.id).Scan(&version, &attempt); err != nil {
 		m.s.t.Fatalf("read the rescheduled row: %v", err)
 	}
+	// The relay may replace the copy in Redis, ending a run's lease, as soon as
+	// the commit is done: the cut is taken before it (seed 12522073149441357586:
+	// the next version claimed 10 ms after the old one, before the cut taken
+	// after the commit).
+	cutAt := time.Now()
 	if err := tx.Commit(ctx); err != nil {
 		m.s.t.Fatalf("commit reschedule: %v", err)
 	}
@@ -409,7 +414,7 @@ func (m *model) reschedule(ctx context.Context, t *mtask) {
 	t.version = version
 	inc.runAt[version] = runAt
 	t.a0, t.since, t.flushed = attempt, now, false
-	t.cuts = append(t.cuts, now)
+	t.cuts = append(t.cuts, cutAt)
 	m.logf(t, "reschedule %s (%s, +%v): version %d, attempt %d", stamp(runAt), what, d, version, attempt)
 }
 
@@ -471,6 +476,7 @@ func (m *model) opCancel(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	cutAt := time.Now() // before the commit, as reschedule's
 	if err := m.s.ob.Cancel(ctx, m.s.admin, t.q, t.id); err != nil {
 		m.refused(t, "cancel", err)
 		return
@@ -479,7 +485,7 @@ func (m *model) opCancel(ctx context.Context) {
 		m.violation(t, "cancel of a task known done succeeded")
 	}
 	t.k = kCancelled
-	t.cuts = append(t.cuts, time.Now())
+	t.cuts = append(t.cuts, cutAt)
 	m.logf(t, "cancel: cancelled (version %d)", t.version)
 }
 

@@ -268,6 +268,7 @@ func (m *model) replace(ctx context.Context, t *mtask) {
 	case err != nil:
 		m.s.t.Fatalf("%s %s: %v", what, t.key(), err)
 	}
+	cutAt := time.Now() // before the commit, as reschedule's
 	if err := tx.Commit(ctx); err != nil {
 		m.s.t.Fatalf("commit %s: %v", what, err)
 	}
@@ -292,7 +293,7 @@ func (m *model) replace(ctx context.Context, t *mtask) {
 	t.version = version
 	inc.runAt[version] = runAt
 	t.a0, t.since, t.flushed, t.payload = attemp, now, false, payload
-	t.cuts = append(t.cuts, now)
+	t.cuts = append(t.cuts, cutAt)
 	m.ops["(replaced)"]++
 	m.logf(t, "%s: version %d, attempt %d, run_at %s, payload %q", what, version, attemp, stamp(runAt), payload)
 }
