@@ -241,7 +241,7 @@ func (m *model) opBatchCancel(ctx context.Context) {
 			m.violation(t, "batch cancel of %s: the child is %s after it", b.cb, st)
 		case st == "cancelled" && (t.k == kOpen || t.k == kMaybeGone):
 			t.k = kCancelled
-			t.cuts = append(t.cuts, cutAt)
+			t.cuts = append(t.cuts, leaseCut{cutAt, t.inc, t.version + 1})
 			m.logf(t, "batch cancel of %s: cancelled (version %d)", b.cb, t.version)
 		}
 	}

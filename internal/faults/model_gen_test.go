@@ -65,10 +65,11 @@ type mtask struct {
 	flushed bool
 	// payload is the last payload a replace or debounce wrote ("" while none did).
 	payload string
-	// cuts are when an operation ended the task's lease in Redis, if a run held
-	// it: a reschedule, replace or debounce (the relay's replacing enqueue), a
-	// cancel (the removal). A run holds its key's slot no longer.
-	cuts []time.Time
+	// cuts are the operations that end a running lease in Redis: a
+	// reschedule, replace or debounce (the relay's replacing enqueue), a cancel
+	// (the removal). From then on, a run they concern holds its key's slot no
+	// longer.
+	cuts []leaseCut
 	log  []string
 }
 
@@ -414,7 +415,7 @@ func (m *model) reschedule(ctx context.Context, t *mtask) {
 	t.version = version
 	inc.runAt[version] = runAt
 	t.a0, t.since, t.flushed = attempt, now, false
-	t.cuts = append(t.cuts, cutAt)
+	t.cuts = append(t.cuts, leaseCut{cutAt, t.inc, t.version})
 	m.logf(t, "reschedule %s (%s, +%v): version %d, attempt %d", stamp(runAt), what, d, version, attempt)
 }
 
@@ -485,7 +486,7 @@ func (m *model) opCancel(ctx context.Context) {
 		m.violation(t, "cancel of a task known done succeeded")
 	}
 	t.k = kCancelled
-	t.cuts = append(t.cuts, cutAt)
+	t.cuts = append(t.cuts, leaseCut{cutAt, t.inc, t.version + 1})
 	m.logf(t, "cancel: cancelled (version %d)", t.version)
 }
 

@@ -63,7 +63,7 @@ var modelKeys = []string{"t0", "t1", "t2"}
 const sqlModelKeyRuns = `
 CREATE TABLE model_key_runs (
 	id bigserial PRIMARY KEY, queue text NOT NULL, task_id text NOT NULL, ckey text NOT NULL,
-	version int NOT NULL, attempt int NOT NULL, worker text NOT NULL, claimed_at timestamptz NOT NULL,
+	inc int NOT NULL, version int NOT NULL, attempt int NOT NULL, worker text NOT NULL, claimed_at timestamptz NOT NULL,
 	started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz);`
 
 // modelKeyOf is the concurrency key of a keyed task, from its id ("k0042-t1"):
@@ -84,8 +84,8 @@ func keyRunStart(ctx context.Context, db *pgxpool.Pool, t *delayq.Task, name str
 		return func() {}, nil
 	}
 	var id int64
-	if err := db.QueryRow(ctx, `INSERT INTO model_key_runs (queue, task_id, ckey, version, attempt, worker, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		t.Queue, t.ID, k, t.Version, t.Attempt, name, t.ClaimedAt).Scan(&id); err != nil {
+	if err := db.QueryRow(ctx, `INSERT INTO model_key_runs (queue, task_id, ckey, inc, version, attempt, worker, claimed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
+		t.Queue, t.ID, k, payloadInc(t.Payload), t.Version, t.Attempt, name, t.ClaimedAt).Scan(&id); err != nil {
 		return nil, fmt.Errorf("record the keyed run: %w", err)
 	}
 	// A keyed run lasts 20-150 ms (by its id and attempt), so that the runs of
@@ -293,22 +293,30 @@ func (m *model) replace(ctx context.Context, t *mtask) {
 	t.version = version
 	inc.runAt[version] = runAt
 	t.a0, t.since, t.flushed, t.payload = attemp, now, false, payload
-	t.cuts = append(t.cuts, cutAt)
+	t.cuts = append(t.cuts, leaseCut{cutAt, t.inc, t.version})
 	m.ops["(replaced)"]++
 	m.logf(t, "%s: version %d, attempt %d, run_at %s, payload %q", what, version, attemp, stamp(runAt), payload)
+}
+
+// leaseCut is an operation that may end the lease of a run of incarnation inc
+// at a version below below, at any time from at on (when the relay's replacing
+// enqueue or the removal reaches Redis).
+type leaseCut struct {
+	at         time.Time
+	inc, below int
 }
 
 // keyRun is one span of model_key_runs.
 type keyRun struct {
 	k                       key
 	ckey, worker            string
-	version, attempt        int
+	inc, version, attempt   int
 	claimedAt, start, ended time.Time // ended zero: none recorded
 }
 
 // checkKeys checks the caps and throttles per key against the runs' spans.
 func (m *model) checkKeys(ctx context.Context, v *violations) {
-	rs, err := m.s.admin.Query(ctx, `SELECT queue, task_id, ckey, worker, version, attempt, claimed_at, started_at, COALESCE(ended_at, 'epoch') FROM model_key_runs ORDER BY started_at`)
+	rs, err := m.s.admin.Query(ctx, `SELECT queue, task_id, ckey, worker, inc, version, attempt, claimed_at, started_at, COALESCE(ended_at, 'epoch') FROM model_key_runs ORDER BY started_at`)
 	if err != nil {
 		m.s.t.Fatal(err)
 	}
@@ -316,7 +324,7 @@ func (m *model) checkKeys(ctx context.Context, v *violations) {
 		r    keyRun
 		runs = map[[2]string][]keyRun{} // by queue and key
 	)
-	if _, err := pgx.ForEachRow(rs, []any{&r.k.queue, &r.k.id, &r.ckey, &r.worker, &r.version, &r.attempt, &r.claimedAt, &r.start, &r.ended}, func() error {
+	if _, err := pgx.ForEachRow(rs, []any{&r.k.queue, &r.k.id, &r.ckey, &r.worker, &r.inc, &r.version, &r.attempt, &r.claimedAt, &r.start, &r.ended}, func() error {
 		if r.ended.Unix() == 0 {
 			r.ended = time.Time{}
 		}
@@ -356,8 +364,11 @@ func (m *model) checkKeys(ctx context.Context, v *violations) {
 			}
 			if mt := m.tasks[r.k]; mt != nil {
 				for _, c := range mt.cuts {
-					if c.After(r.claimedAt) && c.Before(e) {
-						e = c
+					// Also a cut committed before the claim: the run began
+					// before the relay replaced its version in Redis (seed
+					// 12522073149441357586: a replace of a task just due).
+					if c.inc == r.inc && r.version < c.below && c.at.Before(e) {
+						e = maxTime(r.start, c.at)
 					}
 				}
 			}
