@@ -634,7 +634,7 @@ func (c *Client) Stats(ctx context.Context, queue string) (Stats, error) {
 	}
 	calls := make([]scriptCall, len(l))
 	for i, k := range l {
-		calls[i] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead}}
+		calls[i] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead, k.KeyPrefix}}
 	}
 	parts := make([]Stats, len(l))
 	for i, v := range c.each(ctx, c.s.stats, calls) {

@@ -34,7 +34,7 @@ func (c *Client) StatsMany(ctx context.Context, overdueAfter time.Duration, queu
 	}
 	calls := make([]scriptCall, len(keys))
 	for j, k := range keys {
-		calls[j] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead}}
+		calls[j] = scriptCall{keys: []string{k.Ready, k.Active, k.Dead, k.KeyPrefix}}
 	}
 	parts := make([][]Stats, len(queues))
 	now := make([]time.Time, len(keys))

@@ -62,10 +62,14 @@ local readmitted = 0
 if keys_changed then
   redis.call('HSET', KEYS[1], 'kc', ARGV[8], 'kn', ARGV[9], 'kw', ARGV[10])
   local kp = KEYS[5]
+  -- With limits the queue dispatches fairly: each key gets a head in ready (if it
+  -- has none) and keeps the rest. Without, every parked task goes back.
+  local fair = ARGV[8] ~= '0' or ARGV[9] ~= '0'
   for _, k in ipairs(redis.call('SMEMBERS', kp .. 'keys')) do
-    readmitted = readmitted + key_admit(kp, KEYS[2], KEYS[3], KEYS[1], KEYS[4], k, 1000000000)
+    readmitted = readmitted + key_admit(kp, KEYS[2], KEYS[3], KEYS[1], KEYS[4], k, 1000000000, fair)
   end
-  redis.call('DEL', kp .. 'keys', kp .. 'wake')
+  redis.call('DEL', kp .. 'wake')
+  if not fair then redis.call('DEL', kp .. 'keys', kp .. 'h', kp .. 'n') end
 end
 if ARGV[3] == '0' and f[2] == '1' then
   local t = redis.call('TIME')

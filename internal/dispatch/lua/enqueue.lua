@@ -97,8 +97,12 @@ for k = 0, n - 1 do
   if #ARGV[b + 9] > 200 then return fail('task ' .. k .. ': key must have 0..200 bytes') end
 end
 
-local held = redis.call('HMGET', KEYS[6], 'n')[1]
+local ctl = redis.call('HMGET', KEYS[6], 'n', 'kc', 'kn')
+local held = ctl[1]
 if held and held ~= ARGV[4] then return redis.error_reply('SHARDS ' .. held) end
+-- Fair dispatch while the queue has key limits: a keyed task goes in as its key's
+-- head, or into its key's ZSET (lib.lua key_place).
+local fair = (tonumber(ctl[2]) or 0) > 0 or (tonumber(ctl[3]) or 0) > 0
 
 local before = head()
 local out = {}
@@ -119,14 +123,24 @@ for i = 1, n do
   local st = cur[1] or (cur[3] and 'r') -- false: no hash
   if st == false then
     write_task(h, payload, max, ver, attempt, trace, d, y, key)
-    prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
-    z[#z + 1] = score
-    z[#z + 1] = id
+    if fair and key ~= '' then
+      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], key, id, score, y)
+    else
+      prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
+      z[#z + 1] = score
+      z[#z + 1] = id
+    end
     out[i] = 1
   elseif (tonumber(cur[2]) or 1) < ver or (replace_finished and (st == 'd' or st == 'x')) then
     if cur[5] then
-      redis.call('ZREM', KEYS[7] .. 'p:' .. cur[5], id)
+      key_unpark(KEYS[7], cur[5], id)
       if cur[6] then key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], h, cur[5], cur[6]) end
+      if fair then
+        -- It leaves ready to be placed anew: its key's head, if it was, moves on.
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HDEL', h, 'o')
+        key_gone(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], cur[5], id)
+      end
     end
     if key ~= '' then redis.call('HSET', h, 'k', key) elseif cur[5] then redis.call('HDEL', h, 'k') end
     if st == 'a' then
@@ -156,12 +170,17 @@ for i = 1, n do
     if cur[4] then redis.call('ZREM', KEYS[5], id) end
     if y > 0 then
       redis.call('HSET', h, 'y', y)
-      prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
     elseif cur[4] then
       redis.call('HDEL', h, 'y')
     end
-    z[#z + 1] = score
-    z[#z + 1] = id
+    if fair and key ~= '' then
+      redis.call('ZREM', KEYS[1], id)
+      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], key, id, score, y)
+    else
+      prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
+      z[#z + 1] = score
+      z[#z + 1] = id
+    end
     out[i] = 2
   else
     -- Duplicate. Repair a hash that lost its ZSET member, so it cannot be stuck:

@@ -20,16 +20,19 @@ if #id == 0 or #id > 200 then return fail('id must have 1..200 bytes') end
 
 local h = KEYS[4] .. id
 local f = redis.call('HMGET', h, 'k', 'q')
-if f[1] then
-  redis.call('ZREM', KEYS[7] .. 'p:' .. f[1], id)
-  if f[2] then
-    key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, f[1], f[2])
-  else
-    key_admit(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], f[1], 1)
-  end
-end
 local n = redis.call('ZREM', KEYS[1], id) + redis.call('ZREM', KEYS[2], id)
   + redis.call('ZREM', KEYS[3], id) + redis.call('DEL', KEYS[4] .. id)
 redis.call('ZREM', KEYS[5], id)
+-- After the removal from ready, so that a removed head (fair dispatch) is gone
+-- when its key's next task is readmitted.
+if f[1] then
+  key_unpark(KEYS[7], f[1], id)
+  if f[2] then
+    key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, f[1], f[2])
+  else
+    if redis.call('HGET', KEYS[7] .. 'h', f[1]) == id then redis.call('HDEL', KEYS[7] .. 'h', f[1]) end
+    key_admit(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], f[1], 1)
+  end
+end
 if n > 0 then return 1 end
 return 0

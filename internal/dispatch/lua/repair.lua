@@ -144,7 +144,7 @@ for i, r in ipairs(reps) do
     redis.call('ZREM', KEYS[5], id)
     local kq = redis.call('HMGET', h, 'k', 'q')
     if kq[1] then
-      redis.call('ZREM', KEYS[7] .. 'p:' .. kq[1], id)
+      key_unpark(KEYS[7], kq[1], id)
       if r.op ~= 'expire' then key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, kq[1], kq[2]) end
     end
     if r.op == 'kill' then
@@ -169,9 +169,18 @@ for i, r in ipairs(reps) do
       redis.call('DEL', h)
       if r.op == 'restore' then
         write_task(h, r.payload, r.max, r.ver, r.attempt, r.trace, r.d, r.y, r.key)
-        redis.call('ZADD', KEYS[1], r.score, id)
-        prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
+        if r.key ~= '' and key_fair(KEYS[6]) then
+          -- A fair queue (lib.lua key_place): its key's head, or in its key's ZSET.
+          key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], r.key, id, r.score, r.y)
+        else
+          redis.call('ZADD', KEYS[1], r.score, id)
+          prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
+        end
       end
+    end
+    -- A removed head of its key (fair dispatch): the key's next task takes its place.
+    if kq[1] and r.op ~= 'restore' and r.op ~= 'expire' then
+      key_gone(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], kq[1], id)
     end
     out[i] = 1
   end
