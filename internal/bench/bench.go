@@ -107,7 +107,7 @@ func Workloads() []string {
 		"enqueue-tx-held-off", "enqueue-batch", "enqueue-tx-sql", "enqueue-tx-soon-sql", "enqueue-batch-sql",
 		"relay", "drain-tx", "drain-tx-write", "drain-tx-group", "drain-tx-write-group", "drain-plain",
 		"lateness", "lateness-steady", "memory", "recovery", "redis-loss", "redis-loss-restart",
-		"redis-loss-failover", "sharded", "multi-db", "idle", "rate-limit", "priority", "workflow", "bounds", "prune", "soak"} {
+		"redis-loss-failover", "sharded", "multi-db", "idle", "rate-limit", "priority", "fairness", "workflow", "bounds", "prune", "soak"} {
 		order[n] = i
 	}
 	sort.Slice(names, func(i, j int) bool { return order[names[i]] < order[names[j]] })

@@ -44,6 +44,7 @@ func registry() map[string]workload {
 		"rate-limit":           {"a queue limited to 200 starts/s and an unlimited one, both backlogged, 4 workers: the observed rate over 60 s, the other queue's drain", rateLimit},
 		"priority":             {"three queues weighted 6:3:1 in one priority group, a backlog in each, 2 workers of 16 slots: each queue's share of the first 10,000 starts; then one queue, 10,000 due tasks of priorities 9, 4, 0 mixed: each priority's share of its starts", priority},
 		"bounds":               {"pgbench running enqueue-tx's, drain-tx's and drain-tx-write's own transactions, redis-benchmark a 3-command script: the ceilings", bounds},
+		"fairness":             {"100 keys, one with a backlog 1000x the others', cap 4 per key, 32 slots: each key's share of the starts, the small keys' lateness while the big key drains, the claim's cost with keys against without, Redis bytes per key (issue 34)", fairness},
 		"workflow":             {"10,000 plain tasks against a batch of 10,000 children with a callback (two rounds each, 32 slots, no-op transactional handlers); 200 batches of 10 for the callback's lateness; a chain of 1,000 (issue 33)", workflowBench},
 	}
 }

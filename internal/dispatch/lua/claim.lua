@@ -171,20 +171,21 @@ end
 -- ZSET member, already removed, is simply dropped). Two hash commands per task.
 local function take(id, due_ms)
   local h = KEYS[3] .. id
-  local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c', 'd', 'k', 'o')
+  local f = redis.call('HMGET', h, 's', 'p', 'm', 'v', 'a', 'c', 'd', 'k')
   -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
   -- is ready, no m is 25, no v is 1.
   if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
-    -- A head promoted at its key's turn (lib.lua key_admit) keeps its due time as o.
-    if f[9] then
-      due_ms = tonumber(f[9])
-      redis.call('HDEL', h, 'o')
+    local hd, hdue = nil, nil
+    if keyed and f[8] then
+      -- The head of its key leaves ready (fair dispatch, lib.lua key_place); its
+      -- score was its key's turn, its due time is kept with it.
+      hd, hdue = key_head(kp, f[8])
+      if hd == id then
+        redis.call('HDEL', kp .. 'h', f[8])
+        due_ms = hdue
+      end
     end
     local late = f[7] and now > tonumber(f[7])
-    if keyed and f[8] then
-      -- The head of its key leaves ready (fair dispatch, lib.lua key_place).
-      if redis.call('HGET', kp .. 'h', f[8]) == id then redis.call('HDEL', kp .. 'h', f[8]) end
-    end
     if keyed and f[8] and not late then
       local room, opens = key_room(f[8])
       if room < 1 then
@@ -197,10 +198,10 @@ local function take(id, due_ms)
       -- Room left: the key's next task becomes its head, at its turn (a slot
       -- given back readmits one, so a key at its cap waits for that). Without a
       -- cap the throttle judges the head when it comes up.
-      if room > 1 or kcap == 0 then key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now) end
+      if room > 1 or kcap == 0 then key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, hd == id) end
     elseif keyed and f[8] then
       -- Settled without a run, it takes no slot: the next one comes back instead.
-      key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now)
+      key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, hd == id)
     end
     local attempt = (tonumber(f[5]) or 0) + 1
     count = count + 1

@@ -124,7 +124,7 @@ for i = 1, n do
   if st == false then
     write_task(h, payload, max, ver, attempt, trace, d, y, key)
     if fair and key ~= '' then
-      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], key, id, score, y)
+      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], key, id, score, y)
     else
       prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
       z[#z + 1] = score
@@ -138,7 +138,6 @@ for i = 1, n do
       if fair then
         -- It leaves ready to be placed anew: its key's head, if it was, moves on.
         redis.call('ZREM', KEYS[1], id)
-        redis.call('HDEL', h, 'o')
         key_gone(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], cur[5], id)
       end
     end
@@ -175,7 +174,7 @@ for i = 1, n do
     end
     if fair and key ~= '' then
       redis.call('ZREM', KEYS[1], id)
-      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[3], key, id, score, y)
+      key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], key, id, score, y)
     else
       prio_add(KEYS[5], KEYS[6], id, y, score_ms(score))
       z[#z + 1] = score

@@ -96,17 +96,25 @@ local function score_ms(s) return math.floor(tonumber(s) * 1000 + 0.5) end
 
 -- Fair dispatch (docs/DESIGN.md "Fair dispatch across keys"): while the queue has
 -- key limits (kc or kn), a key's ready tasks wait in its ZSET kp .. 'p:' .. key
--- (score: due time) and only its head, one task, is in ready: kp .. 'h' HASH key
--- -> the id of its head (stale once that id left ready: then the key has none).
--- A head promoted after a start takes the score max(due, now), its turn: keys
--- that waited longer come first, and none starts before its due time; its hash
--- then keeps its due time as o. kp .. 'n' counts the tasks in all parked ZSETs
--- (stats, O(1)).
+-- (score: due time) and only its head, one task, is in ready: kp .. 'h' HASH
+-- key -> "<due ms>:<id>" of its head (stale once that id left ready: then the key
+-- has none). A head promoted after a start takes the score max(due, now), its
+-- turn: keys that waited longer come first, and none starts before its due time;
+-- its due time is the one in kp .. 'h'. kp .. 'n' counts the tasks in all parked
+-- ZSETs (stats, O(1)).
 
 -- key_fair tells whether the queue of controls hash ctl dispatches fairly.
 local function key_fair(ctl)
   local f = redis.call('HMGET', ctl, 'kc', 'kn')
   return (tonumber(f[1]) or 0) > 0 or (tonumber(f[2]) or 0) > 0
+end
+
+-- key_head reads key k's head: its id and due time (ms), or nil.
+local function key_head(kp, k)
+  local v = redis.call('HGET', kp .. 'h', k)
+  if not v then return nil, nil end
+  local c = string.find(v, ':', 1, true)
+  return string.sub(v, c + 1), tonumber(string.sub(v, 1, c - 1))
 end
 
 -- key_park adds id, due at score (a ready score string), to key k's parked ZSET.
@@ -123,50 +131,43 @@ local function key_unpark(kp, k, id)
   return n
 end
 
--- key_has_head tells whether key k has its head in ready.
-local function key_has_head(kp, ready, k)
-  local hd = redis.call('HGET', kp .. 'h', k)
-  return hd and redis.call('ZSCORE', ready, hd) ~= false
-end
-
 -- key_place puts ready task id of key k (due at score, priority y) in ready as
 -- its key's head when the key has none there; else parks it, unless it is due
 -- before the head: then it takes the head's place (and its turn) and the head
--- is parked at its due time. Used by enqueue in a fair queue.
-local function key_place(kp, ready, prio, ctl, tprefix, k, id, score, y)
+-- is parked at its due time. Used by enqueue and restore in a fair queue.
+local function key_place(kp, ready, prio, ctl, k, id, score, y)
   local due = score_ms(score)
-  local hd = redis.call('HGET', kp .. 'h', k)
+  local hd, hdue = key_head(kp, k)
   local hs = hd and hd ~= id and redis.call('ZSCORE', ready, hd)
   if hs then
-    local o = redis.call('HGET', tprefix .. hd, 'o')
-    local hdue = tonumber(o) or score_ms(hs)
     if due >= hdue then
       key_park(kp, k, score, id)
       return
     end
     redis.call('ZREM', ready, hd)
     redis.call('ZREM', prio, hd)
-    if o then
-      redis.call('HDEL', tprefix .. hd, 'o')
-      if score_ms(hs) > due then score = hs end
-    end
+    -- A head whose score is later than its due time holds its key's turn.
+    if score_ms(hs) > hdue and score_ms(hs) > due then score = hs end
     key_park(kp, k, fmt(hdue), hd)
   end
   redis.call('ZADD', ready, score, id)
-  if score_ms(score) > due then redis.call('HSET', tprefix .. id, 'o', due) end
-  redis.call('HSET', kp .. 'h', k, id)
+  redis.call('HSET', kp .. 'h', k, due .. ':' .. id)
   prio_add(prio, ctl, id, y, score_ms(score))
 end
 
 -- key_admit moves up to count of key k's parked tasks back into ready (and the
 -- priority index), earliest first; returns how many. In a fair queue (fair: a
 -- boolean, or nil to read the controls) it moves one, and only when the key has
--- no head in ready, at its turn (max(due, now); now in Unix ms, nil to read TIME).
-local function key_admit(kp, ready, prio, ctl, tprefix, k, count, fair, now)
+-- no head in ready (headless: the caller knows it has none), at its turn
+-- (max(due, now); now in Unix ms, nil to read TIME).
+local function key_admit(kp, ready, prio, ctl, tprefix, k, count, fair, now, headless)
   local park = kp .. 'p:' .. k
   if fair == nil then fair = key_fair(ctl) end
   if fair then
-    if key_has_head(kp, ready, k) then return 0 end
+    if not headless then
+      local hd = key_head(kp, k)
+      if hd and redis.call('ZSCORE', ready, hd) then return 0 end
+    end
     count = 1
   end
   local got = redis.call('ZPOPMIN', park, count)
@@ -178,11 +179,8 @@ local function key_admit(kp, ready, prio, ctl, tprefix, k, count, fair, now)
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
       local due = score_ms(s)
-      if now > due then
-        s = fmt(now)
-        redis.call('HSET', tprefix .. id, 'o', due)
-      end
-      redis.call('HSET', kp .. 'h', k, id)
+      if now > due then s = fmt(now) end
+      redis.call('HSET', kp .. 'h', k, due .. ':' .. id)
     end
     redis.call('ZADD', ready, s, id)
     prio_add(prio, ctl, id, redis.call('HGET', tprefix .. id, 'y'), score_ms(s))
@@ -197,9 +195,9 @@ end
 -- key_gone is called when ready task id of key k left ready (removed): if it
 -- was its key's head, the key's next task becomes the head.
 local function key_gone(kp, ready, prio, ctl, tprefix, k, id)
-  if redis.call('HGET', kp .. 'h', k) == id then
+  if key_head(kp, k) == id then
     redis.call('HDEL', kp .. 'h', k)
-    key_admit(kp, ready, prio, ctl, tprefix, k, 1)
+    key_admit(kp, ready, prio, ctl, tprefix, k, 1, nil, nil, true)
   end
 end
 

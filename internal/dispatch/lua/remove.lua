@@ -30,7 +30,7 @@ if f[1] then
   if f[2] then
     key_free(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], h, f[1], f[2])
   else
-    if redis.call('HGET', KEYS[7] .. 'h', f[1]) == id then redis.call('HDEL', KEYS[7] .. 'h', f[1]) end
+    if key_head(KEYS[7], f[1]) == id then redis.call('HDEL', KEYS[7] .. 'h', f[1]) end
     key_admit(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], f[1], 1)
   end
 end

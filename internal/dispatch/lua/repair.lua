@@ -171,7 +171,7 @@ for i, r in ipairs(reps) do
         write_task(h, r.payload, r.max, r.ver, r.attempt, r.trace, r.d, r.y, r.key)
         if r.key ~= '' and key_fair(KEYS[6]) then
           -- A fair queue (lib.lua key_place): its key's head, or in its key's ZSET.
-          key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], KEYS[4], r.key, id, r.score, r.y)
+          key_place(KEYS[7], KEYS[1], KEYS[5], KEYS[6], r.key, id, r.score, r.y)
         else
           redis.call('ZADD', KEYS[1], r.score, id)
           prio_add(KEYS[5], KEYS[6], id, r.y, score_ms(r.score))
