@@ -74,8 +74,9 @@ type Keys struct {
 	// KeyPrefix+"run" HASH key -> runs holding a slot, KeyPrefix+"p:"+key ZSET
 	// the key's parked tasks, KeyPrefix+"s:"+key ZSET its throttle's starts,
 	// KeyPrefix+"wake" ZSET key -> when its throttle lets the next start in,
-	// KeyPrefix+"keys" SET the keys with parked tasks. Written only while the
-	// queue caps or throttles its keys.
+	// KeyPrefix+"keys" SET the keys with parked tasks, KeyPrefix+"h" HASH key ->
+	// "<due ms>:<id>" of its head (fair dispatch), KeyPrefix+"n" the count of
+	// parked tasks. Written only while the queue caps or throttles its keys.
 	KeyPrefix string
 	// Wake is a pub/sub channel, not a key.
 	Wake string

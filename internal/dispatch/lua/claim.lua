@@ -49,6 +49,11 @@
 --          time its window lets the next start in; the claim readmits one parked
 --          task of each key whose time came, and next_ms counts those times too.
 --          A task claimed past its start deadline takes no slot and no start.
+--          With limits the queue is fair (lib.lua key_place): ready holds one task
+--          of each key, its head (KEYS[7] .. 'h'); starting a head promotes the
+--          key's next task from KEYS[7] .. 'p:' .. k at max(due, now), its turn
+--          (with a cap, only while the key has room left), and the claim reports
+--          the head's due time kept in KEYS[7] .. 'h', not its turn.
 -- ARGV[1]  n, most tasks to claim (0..1000; 0 claims nothing and reports next_ms
 --          and rate_ms: a sharded queue's claim asks every shard, some for none)
 -- ARGV[2]  lease in milliseconds (1..2^40)

@@ -16,7 +16,9 @@
 -- KEYS[6]  controls HASH         "<prefix>:{<queue>}:ctl": field y flags the index
 -- KEYS[7]  concurrency-key prefix "<prefix>:{<queue>}:k:" (lib.lua key_admit): a
 --          replaced task leaves its key's parked set, and a replaced run gives
---          its slot back
+--          its slot back. While KEYS[6] holds key limits (kc or kn) the queue is
+--          fair: a keyed task goes into ready only as its key's head, else into
+--          its key's ZSET (lib.lua key_place)
 -- ARGV[1]  wake channel          "<prefix>:{<queue>}:wake"
 -- ARGV[2]  n, number of tasks (1..10000)
 -- ARGV[3]  replace finished: "1" from the relay, which holds each task's outbox row
