@@ -180,20 +180,19 @@ local function take(id, due_ms)
   -- Fields at their defaults are absent (Keys.TaskKey): no status but a payload
   -- is ready, no m is 25, no v is 1.
   if f[1] == 'r' or (f[1] == false and f[2] ~= false) then
-    local hd, hdue = nil, nil
+    -- The head of its key leaves ready (fair dispatch, lib.lua key_place): its
+    -- score was its key's turn, its due time is the one kept in kp .. 'h'. The
+    -- entry goes unless the key's next head overwrites it.
+    local head = false
     if keyed and f[8] then
-      -- The head of its key leaves ready (fair dispatch, lib.lua key_place); its
-      -- score was its key's turn, its due time is kept with it.
-      hd, hdue = key_head(kp, f[8])
-      if hd == id then
-        redis.call('HDEL', kp .. 'h', f[8])
-        due_ms = hdue
-      end
+      local hd, hdue = key_head(kp, f[8])
+      if hd == id then head, due_ms = true, hdue end
     end
     local late = f[7] and now > tonumber(f[7])
     if keyed and f[8] and not late then
       local room, opens = key_room(f[8])
       if room < 1 then
+        if head then redis.call('HDEL', kp .. 'h', f[8]) end
         key_park(kp, f[8], fmt(due_ms), id)
         if opens then redis.call('ZADD', kp .. 'wake', 'LT', opens, f[8]) end
         parked = parked + 1
@@ -203,10 +202,14 @@ local function take(id, due_ms)
       -- Room left: the key's next task becomes its head, at its turn (a slot
       -- given back readmits one, so a key at its cap waits for that). Without a
       -- cap the throttle judges the head when it comes up.
-      if room > 1 or kcap == 0 then key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, hd == id) end
+      local moved = 0
+      if room > 1 or kcap == 0 then moved = key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, head) end
+      if head and moved == 0 then redis.call('HDEL', kp .. 'h', f[8]) end
     elseif keyed and f[8] then
       -- Settled without a run, it takes no slot: the next one comes back instead.
-      key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, hd == id)
+      if key_admit(kp, KEYS[1], KEYS[6], KEYS[4], KEYS[3], f[8], 1, true, now, head) == 0 and head then
+        redis.call('HDEL', kp .. 'h', f[8])
+      end
     end
     local attempt = (tonumber(f[5]) or 0) + 1
     count = count + 1
