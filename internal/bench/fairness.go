@@ -29,7 +29,7 @@ const (
 //   - lateness: k00 keeps a backlog while each small key gets a task due every
 //     100 ms for 3 s; the lateness (claim time - due time) of those tasks.
 //   - claim cost: rounds alternating a queue without keys and one with 100 keys
-//     capped at 4 (tasks spread evenly), 20,000 tasks each, claims of 100 timed
+//     capped at 4 (tasks spread evenly), 20,000 tasks each (at scale 1), claims of 100 timed
 //     (the completes between them not): µs per claimed task.
 //   - memory: MEMORY USAGE of the key state (k:…) with 2 tasks in each of 100 keys.
 func fairness(ctx context.Context, s *session, r *Result) error {
@@ -259,7 +259,8 @@ func fairLateness(ctx context.Context, s *session, r *Result, m int) error {
 }
 
 func fairClaimCost(ctx context.Context, s *session, r *Result) error {
-	const rounds, per, batch = 3, 20_000, 100
+	const rounds, batch = 3, 100
+	per := max(s.n(20_000), 1_000)
 	if err := fairQueue(ctx, s, "cost-keys", fairCap); err != nil {
 		return err
 	}
