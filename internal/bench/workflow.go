@@ -211,7 +211,9 @@ func workflowBench(ctx context.Context, s *session, r *Result) error {
 	r.add("chain_step_p99_ms", ms(percentileD(steps, 99)), "ms")
 
 	var calls int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM delayq_batches WHERE remaining <> 0 OR done <> total`).Scan(&calls); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM delayq_batches b
+LEFT JOIN LATERAL (SELECT sum(remaining) AS remaining, sum(done) AS done FROM delayq_batch_shards WHERE batch_id = b.id) s ON true
+WHERE b.remaining + COALESCE(s.remaining, 0) <> 0 OR b.done + COALESCE(s.done, 0) <> b.total`).Scan(&calls); err != nil {
 		return err
 	}
 	r.Checks = map[string]int64{"plain_calls": plainCalls.Load(), "child_calls": childCalls.Load(),

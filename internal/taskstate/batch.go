@@ -14,13 +14,26 @@ import (
 // counts each child's finish and releases the callback.
 const BatchesTableName = "delayq_batches"
 
+// BatchShardsTableName holds a batch's counts spread over up to BatchShards
+// rows (migration 00030): a child's finish updates its shard's row alone.
+const BatchShardsTableName = "delayq_batch_shards"
+
+// BatchShards is the most shards a batch's count is spread over: a batch of n
+// children has min(n, BatchShards), child i (in key order) in shard i mod that.
+const BatchShards = 16
+
 // batchesTable returns the quoted, schema-qualified batches table.
 func (c Config) batchesTable() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, BatchesTableName) }
+
+// batchShardsTable returns the quoted, schema-qualified shards table.
+func (c Config) batchShardsTable() string {
+	return fmt.Sprintf(`"%s"."%s"`, c.Schema, BatchShardsTableName)
+}
 
 // batchStatements fills the statements of batches and of the cancel of a
 // workflow.
 func batchStatements(s *Statements, cfg Config) {
-	table, batches := cfg.Table(), cfg.batchesTable()
+	table, batches, shards := cfg.Table(), cfg.batchesTable(), cfg.batchShardsTable()
 	soon := "true"
 	if cfg.NotifyWithin > 0 {
 		soon = fmt.Sprintf("run_at < statement_timestamp() + interval '%d microseconds'", cfg.NotifyWithin.Microseconds())
@@ -41,8 +54,12 @@ func batchStatements(s *Statements, cfg Config) {
 	// written when its key exists: a duplicate batch); then the children, each
 	// with the batch id, in key order as EnqueueMany does (two batches with
 	// common children wait for each other instead of deadlocking), a child
-	// whose key exists left out of the batch; then the counter row, with the
-	// number inserted. One row: the batch id (NULL for a duplicate), the
+	// whose key exists left out of the batch, each with its shard (its position
+	// mod K, K = min(16, children given): neighbours in key order, which the
+	// workers tend to run together, count on different rows); then the batch's
+	// row, with the number inserted and the number of shards that got a child,
+	// and a row per such shard with its children's count (migration 00030).
+	// One row: the batch id (NULL for a duplicate), the
 	// callback's run_at, the children inserted, the notification count (the
 	// relay hears of the children due soon at the commit). A child's start
 	// deadline is not checked against its due time here: a child that misses
@@ -57,30 +74,34 @@ func batchStatements(s *Statements, cfg Config) {
 	ON CONFLICT (queue, task_id) DO NOTHING
 	RETURNING batch_id, run_at
 ), ins AS (
-	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, batch_id, concurrency_key)
+	INSERT INTO %[1]s (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, batch_id, batch_shard, concurrency_key)
 	SELECT u.queue, u.task_id, COALESCE(u.run_at, statement_timestamp() + u.delay), u.payload, u.max_attempts, u.trace, u.start_by,
-	       COALESCE(u.priority, 0), (SELECT batch_id FROM cb), u.ckey
+	       COALESCE(u.priority, 0), (SELECT batch_id FROM cb), u.shard, u.ckey
 	FROM (SELECT unnest($10::text[]) AS queue, unnest($11::text[]) AS task_id,
 	             unnest($12::timestamptz[]) AS run_at, unnest($13::interval[]) AS delay,
 	             unnest($14::bytea[]) AS payload, unnest($15::int[]) AS max_attempts,
 	             unnest(COALESCE($16::text[], '{}')) AS trace,
 	             unnest($17::timestamptz[]) AS start_by,
 	             unnest(COALESCE($18::smallint[], '{}')) AS priority,
-	             unnest(COALESCE($20::text[], '{}')) AS ckey) AS u
+	             unnest(COALESCE($20::text[], '{}')) AS ckey,
+	             (generate_series(0, cardinality($11::text[]) - 1) %% least(%[6]d, greatest(cardinality($11::text[]), 1)))::smallint AS shard) AS u
 	WHERE EXISTS (SELECT FROM cb)
 	ON CONFLICT (queue, task_id) DO NOTHING
-	RETURNING queue, run_at
+	RETURNING queue, run_at, batch_shard
 ), c AS (
-	SELECT count(*)::int AS n FROM ins
+	SELECT count(*)::int AS n, count(DISTINCT batch_shard)::smallint AS shards FROM ins
 ), b AS (
-	INSERT INTO %[2]s (id, queue, task_id, total, remaining, channel, finished_at)
-	SELECT cb.batch_id, $1, $2, c.n, c.n, '%[3]s', CASE WHEN c.n = 0 THEN statement_timestamp() END
+	INSERT INTO %[2]s (id, queue, task_id, total, remaining, shards, channel, finished_at)
+	SELECT cb.batch_id, $1, $2, c.n, 0, c.shards, '%[3]s', CASE WHEN c.n = 0 THEN statement_timestamp() END
 	FROM cb, c
 	RETURNING id
+), s AS (
+	INSERT INTO %[7]s (batch_id, shard, remaining)
+	SELECT (SELECT batch_id FROM cb), batch_shard, count(*) FROM ins GROUP BY batch_shard
 )
 SELECT (SELECT id FROM b), (SELECT run_at FROM cb), c.n,
        (SELECT count(*) FROM (SELECT pg_notify('%[3]s', d.queue) FROM (SELECT DISTINCT queue FROM ins WHERE %[5]s) AS d) AS n)
-FROM c`, table, batches, cfg.NotifyChannel, cfg.Schema, soon)
+FROM c`, table, batches, cfg.NotifyChannel, cfg.Schema, soon, BatchShards, shards)
 
 	// $1 queue, $2 task_id: the callback of a batch none of whose children was
 	// inserted (each existed) runs at once; the relay notified at the commit.
@@ -102,33 +123,46 @@ WHERE o.queue = $1 AND o.task_id = $2`, table, batches)
 
 	// $1 batch id, $2 queue, $3 task_id of its callback: the children of the
 	// batch not finished are cancelled, locked in key order, and counted
-	// cancelled in one update of the counter after them. Their batch_id is
-	// cleared in the same update, so the trigger does not count them one by
-	// one: the counter row is locked after the children, as a finishing
-	// child's transaction locks it (its row, then the counter), so a cancel
-	// and the completions of the batch wait for each other without deadlock.
+	// cancelled in one update of the counter after them: their shards' rows
+	// (migration 00030), then the batch's row (the shards they took to 0, and
+	// the count of children enqueued before 00030, which have no shard). Their
+	// batch_id is cleared in the same update, so the trigger does not count
+	// them one by one: the counters are locked after the children, as a
+	// finishing child's transaction locks them (its row, its shard, then the
+	// batch's row), so a cancel and the completions of the batch wait for each
+	// other without deadlock.
 	// The callback is not touched: the caller cancels it next (Cancel), after
 	// the counter. Returns the number cancelled.
 	s.CancelBatch = fmt.Sprintf(`WITH k AS (
-	SELECT queue, task_id FROM %[1]s
+	SELECT queue, task_id, batch_shard FROM %[1]s
 	WHERE batch_id = $1 AND state IN ('pending', 'queued', 'waiting') AND (queue, task_id) <> ($2, $3)
 	ORDER BY queue COLLATE "C", task_id COLLATE "C"
 	FOR UPDATE
 ), c AS (
-	UPDATE %[1]s o SET state = 'cancelled', done_at = statement_timestamp(), payload = %[3]s, batch_id = NULL
+	UPDATE %[1]s o SET state = 'cancelled', done_at = statement_timestamp(), payload = %[3]s, batch_id = NULL, batch_shard = NULL
 	FROM k WHERE o.queue = k.queue AND o.task_id = k.task_id
-	RETURNING 1
+	RETURNING k.batch_shard AS shard
 ), n AS (
-	SELECT count(*)::int AS n FROM c
+	SELECT count(*)::int AS n, (count(*) FILTER (WHERE shard IS NULL))::int AS unsharded FROM c
+), per AS (
+	SELECT shard, count(*)::int AS n FROM c WHERE shard IS NOT NULL GROUP BY shard
+), sh AS (
+	UPDATE %[4]s s SET remaining = s.remaining - per.n, cancelled = s.cancelled + per.n
+	FROM per WHERE s.batch_id = $1 AND s.shard = per.shard
+	RETURNING s.remaining = 0 AS zero
+), z AS (
+	SELECT (count(*) FILTER (WHERE zero))::int AS z FROM sh
 ), counted AS (
 	-- run to completion whether read or not, after every child (it reads n)
 	UPDATE %[2]s b
-	SET remaining = remaining - n.n, cancelled = cancelled + n.n,
-	    finished_at = CASE WHEN remaining = n.n AND n.n > 0 THEN statement_timestamp() ELSE finished_at END
-	FROM n WHERE b.id = $1
+	SET remaining = remaining - n.unsharded, cancelled = cancelled + n.unsharded,
+	    zero_shards = zero_shards + z.z,
+	    finished_at = CASE WHEN (remaining = n.unsharded AND n.unsharded > 0) OR (z.z > 0 AND zero_shards + z.z = shards)
+	                       THEN statement_timestamp() ELSE finished_at END
+	FROM n, z WHERE b.id = $1
 	RETURNING 1
 )
-SELECT n FROM n`, table, batches, clear)
+SELECT n FROM n`, table, batches, clear, shards)
 
 	// Arrays $1 queues, $2 task ids, in dependency order (each task after
 	// those it waits on): those not finished are cancelled in one statement,
@@ -148,10 +182,18 @@ FROM k WHERE o.queue = k.queue AND o.task_id = k.task_id
 RETURNING o.queue, o.task_id`, table, clear)
 }
 
-// batchRow reads a batch's counter: $1 queue, $2 task_id of its callback.
+// batchRow reads a batch's counts: $1 queue, $2 task_id of its callback. They
+// are its row's plus its shards' (a batch enqueued before migration 00030 has
+// no shard; a sharded batch's row holds 0s), read in one snapshot.
 func batchRow(cfg Config) string {
-	return fmt.Sprintf(`SELECT id, total, remaining, done, dead, cancelled, created_at, finished_at
-FROM %s WHERE queue = $1 AND task_id = $2`, cfg.batchesTable())
+	return fmt.Sprintf(`SELECT b.id, b.total, b.remaining + COALESCE(s.remaining, 0), b.done + COALESCE(s.done, 0),
+       b.dead + COALESCE(s.dead, 0), b.cancelled + COALESCE(s.cancelled, 0), b.created_at, b.finished_at
+FROM %s b
+LEFT JOIN LATERAL (
+	SELECT sum(remaining)::int AS remaining, sum(done)::int AS done, sum(dead)::int AS dead, sum(cancelled)::int AS cancelled
+	FROM %s WHERE batch_id = b.id
+) s ON true
+WHERE b.queue = $1 AND b.task_id = $2`, cfg.batchesTable(), cfg.batchShardsTable())
 }
 
 // Walk returns the keys of the tasks connected to queue/id by the edges still

@@ -560,22 +560,33 @@ SELECT 1 / count(*) FROM done`,
 		// Arrays $1 queue, $2 task_id, $3 version, $4 clear the payload: the guard
 		// for many tasks in one statement. The rows are locked in key order first,
 		// so that two overlapping batches wait for each other instead of
-		// deadlocking. Returns the keys it marked done.
+		// deadlocking, and so are the batch shards of their children (shards).
+		// Returns the keys it marked done.
 		GuardMany: fmt.Sprintf(`WITH locked AS (
-	SELECT t.queue, t.task_id, k.clear
+	SELECT t.queue, t.task_id, k.clear, t.batch_id, t.batch_shard
 	FROM %[1]s t
 	JOIN unnest($1::text[], $2::text[], $3::int[], $4::boolean[]) AS k(queue, task_id, version, clear)
 	  ON t.queue = k.queue AND t.task_id = k.task_id AND t.version = k.version
 	WHERE t.state IN ('pending', 'queued')
 	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
 	FOR UPDATE OF t
+), shards AS MATERIALIZED (
+	-- the shard rows of the batch children among them, locked sorted before the
+	-- update: its trigger (delayq_outbox_batch) updates them in the update's
+	-- order, which another such statement may take in another (00030)
+	SELECT count(*) FROM (
+		SELECT FROM %[3]s s
+		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
+		ORDER BY s.batch_id, s.shard
+		FOR UPDATE OF s
+	) AS x
 )
 UPDATE %[1]s t
 SET state = 'done', done_at = statement_timestamp(),
     payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
-FROM locked l
+FROM locked l, shards
 WHERE t.queue = l.queue AND t.task_id = l.task_id
-RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone),
+RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTable()),
 
 		// Arrays $1 queue, $2 task_id, $3 version, $4 clear the payload, $5 the run
 		// wrote: the guards of a group commit's runs, in one statement ahead of its
@@ -589,17 +600,27 @@ RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone),
 	SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::boolean[], $5::boolean[])
 	  WITH ORDINALITY AS k(queue, task_id, version, clear, wrote, i)
 ), locked AS (
-	SELECT t.queue, t.task_id, k.clear, k.i
+	SELECT t.queue, t.task_id, k.clear, k.i, t.batch_id, t.batch_shard
 	FROM %[1]s t
 	JOIN k ON t.queue = k.queue AND t.task_id = k.task_id AND t.version = k.version
 	WHERE t.state IN ('pending', 'queued')
 	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
 	FOR UPDATE OF t
+), shards AS MATERIALIZED (
+	-- the shard rows of the batch children among them, locked sorted before the
+	-- update: its trigger (delayq_outbox_batch) updates them in the update's
+	-- order, which another such statement may take in another (00030)
+	SELECT count(*) FROM (
+		SELECT FROM %[3]s s
+		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
+		ORDER BY s.batch_id, s.shard
+		FOR UPDATE OF s
+	) AS x
 ), done AS (
 	UPDATE %[1]s t
 	SET state = 'done', done_at = statement_timestamp(),
 	    payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
-	FROM locked l
+	FROM locked l, shards
 	WHERE t.queue = l.queue AND t.task_id = l.task_id
 	RETURNING l.i
 ), refused AS (
@@ -607,7 +628,7 @@ RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone),
 	WHERE k.wrote AND NOT EXISTS (SELECT 1 FROM done d WHERE d.i = k.i)
 )
 SELECT d.i FROM refused r LEFT JOIN done d ON true
-WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone),
+WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTable()),
 
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
 		// $7 the delay before the next run in µs, $8 a dead task's OnDead hook is
