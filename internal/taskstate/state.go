@@ -187,13 +187,13 @@ var Transitions = []Transition{
 		Postgres: "trigger delayq_outbox_release: a dependency with the policy skip ended dead or cancelled (the reason in last_error); its own dependents settle in the same statement",
 		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_release"},
 	{Name: "enqueue-batch", To: Waiting, By: Producer,
-		Postgres: "EnqueueBatch (the callback waiting with a new batch id, its children pending with it, the counter row in delayq_batches; one statement); ReleaseBatch when no child was inserted (the callback pending at once)",
+		Postgres: "EnqueueBatch (the callback waiting with a new batch id, its children pending with it, each with a shard, the batch's row in delayq_batches and a counter row per shard in delayq_batch_shards; one statement); ReleaseBatch when no child was inserted (the callback pending at once)",
 		Order:    PostgresOnly, Version: "1", Op: "workflow.Client.Batch"},
 	{Name: "batch-release", From: []State{Waiting}, To: Pending, By: Dependency,
-		Postgres: "trigger delayq_outbox_batch: a child's finish (done, dead or cancelled, by any transition) counted in its batch's counter row, its batch_id cleared in the same row version; the finish that takes the count to 0 makes the callback pending; the relay notified at commit",
+		Postgres: "trigger delayq_outbox_batch: a child's finish (done, dead or cancelled, by any transition) counted in its shard's counter row (a batch from before migration 00030: its batch's row), its batch_id cleared in the same row version; the finish that takes a shard to 0 counts it in the batch's row, and the one that takes the last shard to 0 makes the callback pending; the relay notified at commit",
 		Order:    PostgresOnly, Version: "kept", Op: "trigger delayq_outbox_batch"},
 	{Name: "workflow-cancel", From: []State{Pending, Queued, Waiting}, To: Cancelled, By: Producer,
-		Postgres: "CancelBatch (a batch's children not finished, locked in key order, counted in one update of the counter), then Cancel (its callback); CancelTasks (the tasks connected by dependencies still waiting, locked in dependency order)",
+		Postgres: "CancelBatch (a batch's children not finished, locked in key order, counted in one update of their shards and the batch's row), then Cancel (its callback); CancelTasks (the tasks connected by dependencies still waiting, locked in dependency order)",
 		Order:    PostgresOnly, Version: "kept", Op: "workflow.Client.Cancel"},
 }
 
