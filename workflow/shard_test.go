@@ -20,8 +20,8 @@ import (
 var shardStatements = taskstate.NewStatements(taskstate.Config{Schema: taskstate.DefaultSchema, NotifyChannel: taskstate.DefaultNotifyChannel})
 
 // finish finishes the children keyed by ids (queue q) in one transaction at
-// iso, as state (one child), or as GuardMany does (several: the guards of a
-// group commit), retrying a serialization failure as the worker does. A
+// iso, as state (one child), or by GuardMany, or GuardGroup when state is
+// "group" (several: the guards of a group commit), retrying a serialization failure as the worker does. A
 // deadlock fails the test.
 func finish(ctx context.Context, b *bundle, iso pgx.TxIsoLevel, state string, ids []string) error {
 	for {
@@ -51,7 +51,11 @@ func finish(ctx context.Context, b *bundle, iso pgx.TxIsoLevel, state string, id
 			for i, id := range ids {
 				vs[i] = version[id]
 			}
-			_, err = tx.Exec(ctx, shardStatements.GuardMany, qs, ids, vs, clear)
+			if state == "group" {
+				_, err = tx.Exec(ctx, shardStatements.GuardGroup, qs, ids, vs, clear, clear)
+			} else {
+				_, err = tx.Exec(ctx, shardStatements.GuardMany, qs, ids, vs, clear)
+			}
 			return err
 		})
 		var pe *pgconn.PgError
@@ -65,8 +69,8 @@ func finish(ctx context.Context, b *bundle, iso pgx.TxIsoLevel, state string, id
 // The children of several batches, each spread over its shards (1 to 16),
 // finish in a random order from eight goroutines: one at a time under READ
 // COMMITTED and under REPEATABLE READ (a serialization failure retried), and
-// groups of twelve across batches and shards in one statement (GuardMany,
-// which locks their shards sorted: no deadlock). Each callback is released
+// groups of twelve across batches and shards in one statement (GuardMany and
+// GuardGroup, which lock their shards sorted: no deadlock). Each callback is released
 // exactly once, and the counts are the children's states.
 func TestBatchShardsRace(t *testing.T) {
 	t.Parallel()
@@ -103,7 +107,11 @@ func TestBatchShardsRace(t *testing.T) {
 		switch {
 		case i%5 == 0:
 			k := min(i+12, len(keys))
-			work <- item{pgx.ReadCommitted, "done", keys[i:k]}
+			st := "done"
+			if i%10 == 0 {
+				st = "group"
+			}
+			work <- item{pgx.ReadCommitted, st, keys[i:k]}
 			i = k
 		case i%3 == 0:
 			work <- item{pgx.RepeatableRead, "done", keys[i : i+1]}
