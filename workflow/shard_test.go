@@ -14,6 +14,7 @@ import (
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -256,5 +257,71 @@ func TestBatchCounterRowBefore00030(t *testing.T) {
 	}
 	if c := b.counts(t, "r", "old-cancel"); c.Total != 10 || c.Dead != 1 || c.Cancelled != 9 || c.Remaining != 0 || c.FinishedAt.IsZero() {
 		t.Errorf("counts of the cancelled batch: %+v", c)
+	}
+}
+
+// Migration 00030's Down adds the shards' counts into their batch's row,
+// where 00024's trigger goes on counting: a batch half finished across the
+// rollback completes once with the right counts, and Up again leaves it so.
+// A callback's deletion takes its batch's shards with it.
+func TestBatchShardsDownUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const n = 40
+	kids := children("q", "d", n)
+	b.batch(t, outbox.Task{Queue: "r", ID: "cb"}, kids)
+	for i, k := range kids[:11] {
+		st := "done"
+		if i == 3 {
+			st = "dead"
+		}
+		if err := finish(ctx, b, pgx.ReadCommitted, st, []string{k.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := migrations.New(migrations.OpenDBFromPool(b.e.Pool), migrations.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.DownTo(ctx, 29); err != nil {
+		t.Fatal(err)
+	}
+	var remaining, done, dead int
+	if err := b.e.Pool.QueryRow(ctx, `SELECT remaining, done, dead FROM delayq_batches WHERE task_id = 'cb'`).Scan(&remaining, &done, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if remaining != n-11 || done != 10 || dead != 1 {
+		t.Fatalf("after Down: remaining %d, done %d, dead %d", remaining, done, dead)
+	}
+	released := noteReleases(t, b)
+	for _, k := range kids[11:] {
+		if err := finish(ctx, b, pgx.ReadCommitted, "done", []string{k.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := released(); got["cb"] != 1 {
+		t.Errorf("releases after Down: %v", got)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := b.counts(t, "r", "cb"); c.Total != n || c.Remaining != 0 || c.Done != n-1 || c.Dead != 1 || c.FinishedAt.IsZero() {
+		t.Errorf("counts after Up: %+v", c)
+	}
+	b.batch(t, outbox.Task{Queue: "r", ID: "cb2"}, children("q", "e", 20))
+	var shards int
+	if err := b.e.Pool.QueryRow(ctx, `SELECT count(*) FROM delayq_batch_shards`).Scan(&shards); err != nil || shards != 16 {
+		t.Fatalf("%d shard rows (%v), want 16", shards, err)
+	}
+	if _, err := b.e.Pool.Exec(ctx, `DELETE FROM delayq_outbox WHERE queue = 'r'`); err != nil {
+		t.Fatal(err)
+	}
+	var batches int
+	if err := b.e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM delayq_batches), (SELECT count(*) FROM delayq_batch_shards)`).Scan(&batches, &shards); err != nil {
+		t.Fatal(err)
+	}
+	if batches != 0 || shards != 0 {
+		t.Errorf("after the callbacks' deletion: %d batches, %d shard rows", batches, shards)
 	}
 }
