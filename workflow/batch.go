@@ -34,7 +34,8 @@ type BatchResult struct {
 	RunAt time.Time
 }
 
-// BatchCounts is the progress of a batch, read from its counter row.
+// BatchCounts is the progress of a batch, read from its counter rows (its
+// shards' summed, migration 00030).
 type BatchCounts struct {
 	// Total is the number of children; Remaining those not finished yet;
 	// Done, Dead and Cancelled how the others ended (each child counted once,
