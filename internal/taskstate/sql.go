@@ -570,17 +570,7 @@ SELECT 1 / count(*) FROM done`,
 	WHERE t.state IN ('pending', 'queued')
 	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
 	FOR UPDATE OF t
-), shards AS MATERIALIZED (
-	-- the shard rows of the batch children among them, locked sorted before the
-	-- update: its trigger (delayq_outbox_batch) updates them in the update's
-	-- order, which another such statement may take in another (00030)
-	SELECT count(*) FROM (
-		SELECT FROM %[3]s s
-		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
-		ORDER BY s.batch_id, s.shard
-		FOR UPDATE OF s
-	) AS x
-)
+), shards AS MATERIALIZED (`+lockBatchShards+`)
 UPDATE %[1]s t
 SET state = 'done', done_at = statement_timestamp(),
     payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
@@ -606,17 +596,7 @@ RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTab
 	WHERE t.state IN ('pending', 'queued')
 	ORDER BY t.queue COLLATE "C", t.task_id COLLATE "C"
 	FOR UPDATE OF t
-), shards AS MATERIALIZED (
-	-- the shard rows of the batch children among them, locked sorted before the
-	-- update: its trigger (delayq_outbox_batch) updates them in the update's
-	-- order, which another such statement may take in another (00030)
-	SELECT count(*) FROM (
-		SELECT FROM %[3]s s
-		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
-		ORDER BY s.batch_id, s.shard
-		FOR UPDATE OF s
-	) AS x
-), done AS (
+), shards AS MATERIALIZED (`+lockBatchShards+`), done AS (
 	UPDATE %[1]s t
 	SET state = 'done', done_at = statement_timestamp(),
 	    payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
@@ -934,3 +914,18 @@ const (
 	// window, capped at created_at plus the maximum wait.
 	ConflictDebounce = 3
 )
+
+// lockBatchShards is the body of GuardMany's and GuardGroup's CTE shards: the
+// shard rows (migration 00030) of the batch children among the rows locked,
+// locked sorted before the update. The update's trigger (delayq_outbox_batch)
+// updates them in the update's order, which another such statement may take in
+// another: without this, two group commits of one batch could deadlock. %[3]s is
+// the shards' table.
+const lockBatchShards = `
+	SELECT count(*) FROM (
+		SELECT FROM %[3]s s
+		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
+		ORDER BY s.batch_id, s.shard
+		FOR UPDATE OF s
+	) AS x
+`
