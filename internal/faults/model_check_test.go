@@ -536,6 +536,13 @@ func (m *model) checkRedis(ctx context.Context, v *violations, rows map[key]mode
 				}
 			case strings.HasPrefix(rk, kk.History):
 				known = true // a minute of the queue's history: counts, not tasks; it expires
+			case rk == kk.KeyPrefix+"n":
+				// The count of a fair queue's parked tasks: a counter, left at 0
+				// once none is parked (stats reads it); any other value is drift.
+				known = true
+				if n, err := s.rdb.Get(ctx, rk).Int(); err != nil || n != 0 {
+					v.add("redis", "%s counts %d parked tasks once idle (%v)", rk, n, err)
+				}
 			case strings.HasPrefix(rk, kk.TaskPrefix):
 				known = true
 				id := strings.TrimPrefix(rk, kk.TaskPrefix)
