@@ -30,10 +30,9 @@ DECLARE
         ELSE {{schema}}.delayq_setting('default_max_attempts', 25, 1, 1000000, NULL) END;
     within integer := CASE WHEN current_setting('delayq.notify_within_ms', true) IS NULL THEN 30000
         ELSE {{schema}}.delayq_setting('notify_within_ms', 30000, 1, 2147483647, 0) END;
-    cooldown integer := CASE WHEN current_setting('delayq.notify_cooldown_ms', true) IS NULL THEN 25
-        ELSE {{schema}}.delayq_setting('notify_cooldown_ms', 25, 1, 2147483647, 0) END;
-    channel text := CASE WHEN current_setting('delayq.notify_channel', true) IS NULL THEN 'delayq_outbox'
-        ELSE {{schema}}.delayq_channel() END;
+    -- Read only where they are needed (a task due soon, a replace).
+    cooldown integer;
+    channel text;
     bad text;
     due timestamptz;
     soon boolean;
@@ -48,17 +47,34 @@ DECLARE
     running boolean;
     sb timestamptz;
 BEGIN
-    bad := {{schema}}.delayq_task_error(queue, task_id, octet_length(payload), delay, run_at,
-        max_attempts, priority, start_by, trace_context, max_payload, default_attempts);
-    IF bad IS NOT NULL THEN
-        RAISE USING ERRCODE = left(bad, 5), MESSAGE = substr(bad, 7);
-    END IF;
-    -- The concurrency key, checked as validate.ConcurrencyKey: '' is none.
-    concurrency_key := NULLIF(concurrency_key, '');
-    IF octet_length(concurrency_key) > 200 THEN
-        RAISE USING ERRCODE = 'QD019', MESSAGE = format('invalid task: concurrency key: %s bytes: at most 200', octet_length(concurrency_key));
-    ELSIF concurrency_key ~ '[\u0001-\u001f\u007f-\u009f]' THEN
-        RAISE USING ERRCODE = 'QD019', MESSAGE = 'invalid task: concurrency key: a control character';
+    -- The task's rules as one expression (delayq_enqueue_many's), and only when it
+    -- does not hold, delayq_task_error's message: PL/pgSQL prepares each
+    -- expression it evaluates once per transaction, and a valid task would
+    -- otherwise pay for every rule of delayq_task_error in every transaction.
+    IF (octet_length(queue) BETWEEN 1 AND 64 AND queue COLLATE "C" ~ '^[A-Za-z0-9_.-]+$'
+        AND octet_length(task_id) BETWEEN 1 AND 200 AND task_id COLLATE "C" ~ '^[!-z|~]+$'
+        AND (delay IS NULL OR delay BETWEEN interval '0' AND interval '106751 days 23:47:16.854775')
+        AND (run_at IS NULL OR run_at > 'epoch'::timestamptz AND run_at < '10000-01-01 00:00:00+00'::timestamptz
+             AND (delay IS NULL OR delay = interval '0'))
+        AND (start_by IS NULL OR start_by > 'epoch'::timestamptz
+             AND start_by < 'epoch'::timestamptz + interval '100000000000.001 seconds' AND (run_at IS NULL OR start_by >= run_at))
+        AND (payload IS NULL OR octet_length(payload) <= max_payload)
+        AND (max_attempts IS NULL OR max_attempts BETWEEN 0 AND 1000000)
+        AND (trace_context IS NULL OR octet_length(trace_context) <= 512 AND trace_context COLLATE "C" ~ '^[ -~]*$')
+        AND (priority IS NULL OR priority BETWEEN 0 AND 9)
+        AND (concurrency_key IS NULL OR octet_length(concurrency_key) <= 200
+             AND concurrency_key !~ '[\u0001-\u001f\u007f-\u009f]')) IS NOT TRUE THEN
+        bad := {{schema}}.delayq_task_error(queue, task_id, octet_length(payload), delay, run_at,
+            max_attempts, priority, start_by, trace_context, max_payload, default_attempts);
+        IF bad IS NOT NULL THEN
+            RAISE USING ERRCODE = left(bad, 5), MESSAGE = substr(bad, 7);
+        END IF;
+        -- The concurrency key, checked as validate.ConcurrencyKey.
+        IF octet_length(concurrency_key) > 200 THEN
+            RAISE USING ERRCODE = 'QD019', MESSAGE = format('invalid task: concurrency key: %s bytes: at most 200', octet_length(concurrency_key));
+        ELSIF concurrency_key ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+            RAISE USING ERRCODE = 'QD019', MESSAGE = 'invalid task: concurrency key: a control character';
+        END IF;
     END IF;
     -- The conflict policy, checked as outbox's checkConflict, after the task.
     IF on_conflict IS NOT NULL AND on_conflict <> 'duplicate' OR debounce IS NOT NULL OR max_wait IS NOT NULL THEN
@@ -89,7 +105,7 @@ BEGIN
                                              ELSE statement_timestamp() + debounce END
                      ELSE COALESCE(run_at, statement_timestamp() + COALESCE(delay, interval '0')) END,
                 COALESCE(payload, ''::bytea), COALESCE(NULLIF(max_attempts, 0), default_attempts),
-                NULLIF(trace_context, ''), COALESCE(priority, 0), concurrency_key)
+                NULLIF(trace_context, ''), COALESCE(priority, 0), NULLIF(concurrency_key, '')) -- '' is none
         ON CONFLICT ON CONSTRAINT delayq_outbox_pkey DO UPDATE
         SET payload = excluded.payload,
             run_at = CASE mode WHEN 1 THEN excluded.run_at WHEN 2 THEN t.run_at
@@ -105,6 +121,8 @@ BEGIN
             duplicate := false;
             outcome := CASE WHEN v = 1 THEN 'inserted' WHEN mode = 3 THEN 'debounced' ELSE 'replaced' END;
             -- Every commit notifies (no cooldown), as a reschedule.
+            channel := CASE WHEN current_setting('delayq.notify_channel', true) IS NULL THEN 'delayq_outbox'
+                ELSE {{schema}}.delayq_channel() END;
             IF st = 'pending' AND (queued IS NOT NULL OR within = 0 OR due_at < statement_timestamp() + within * interval '1 millisecond') THEN
                 PERFORM pg_notify(channel, queue);
             END IF;
@@ -141,38 +159,44 @@ BEGIN
             start_by, greatest(due, statement_timestamp()));
     END IF;
     soon := within = 0 OR due < statement_timestamp() + within * interval '1 millisecond';
-    IF soon AND cooldown > 0 THEN
-        -- The cooldown (outbox.Config.NotifyCooldown) with delayq_notifiers for the
-        -- Client's memory: an enqueue less than the cooldown after a committed
-        -- notifier leans on it (notify_late: migration 00015's trigger notifies at
-        -- a late commit); from half-way, one enqueue at a time (the transaction
-        -- advisory lock: tried, never waited for) notifies on purpose and records
-        -- itself, so a committed notifier is at hand all along. Without a live
-        -- notifier an enqueue notifies, and records itself if no one else is.
-        SELECT clock_timestamp() - n.sent INTO age FROM {{schema}}.delayq_notifiers n WHERE n.queue = delayq_enqueue.queue;
-        IF age < cooldown * interval '1 millisecond' THEN
-            IF age >= cooldown * interval '500 microseconds'
-               AND pg_try_advisory_xact_lock(hashtextextended('delayq_notifiers {{schema}}.' || queue, 0)) THEN
-                renew := true;
+    IF soon THEN
+        cooldown := CASE WHEN current_setting('delayq.notify_cooldown_ms', true) IS NULL THEN 25
+            ELSE {{schema}}.delayq_setting('notify_cooldown_ms', 25, 1, 2147483647, 0) END;
+        channel := CASE WHEN current_setting('delayq.notify_channel', true) IS NULL THEN 'delayq_outbox'
+            ELSE {{schema}}.delayq_channel() END;
+        IF cooldown > 0 THEN
+            -- The cooldown (outbox.Config.NotifyCooldown) with delayq_notifiers for the
+            -- Client's memory: an enqueue less than the cooldown after a committed
+            -- notifier leans on it (notify_late: migration 00015's trigger notifies at
+            -- a late commit); from half-way, one enqueue at a time (the transaction
+            -- advisory lock: tried, never waited for) notifies on purpose and records
+            -- itself, so a committed notifier is at hand all along. Without a live
+            -- notifier an enqueue notifies, and records itself if no one else is.
+            SELECT clock_timestamp() - n.sent INTO age FROM {{schema}}.delayq_notifiers n WHERE n.queue = delayq_enqueue.queue;
+            IF age < cooldown * interval '1 millisecond' THEN
+                IF age >= cooldown * interval '500 microseconds'
+                   AND pg_try_advisory_xact_lock(hashtextextended('delayq_notifiers {{schema}}.' || queue, 0)) THEN
+                    renew := true;
+                ELSE
+                    late := channel;
+                END IF;
             ELSE
-                late := channel;
+                renew := pg_try_advisory_xact_lock(hashtextextended('delayq_notifiers {{schema}}.' || queue, 0));
             END IF;
-        ELSE
-            renew := pg_try_advisory_xact_lock(hashtextextended('delayq_notifiers {{schema}}.' || queue, 0));
         END IF;
     END IF;
+    -- The outputs in the RETURNING: each expression of PL/pgSQL's costs a
+    -- preparation per transaction.
     INSERT INTO {{schema}}.delayq_outbox AS t (queue, task_id, run_at, payload, max_attempts, trace_context, start_by, priority, concurrency_key, notify_late)
     VALUES (queue, task_id, due, COALESCE(payload, ''::bytea), COALESCE(NULLIF(max_attempts, 0), default_attempts),
-            NULLIF(trace_context, ''), start_by, COALESCE(priority, 0), concurrency_key, late)
+            NULLIF(trace_context, ''), start_by, COALESCE(priority, 0), NULLIF(concurrency_key, ''), late)
     ON CONFLICT ON CONSTRAINT delayq_outbox_pkey DO NOTHING
-    RETURNING t.run_at INTO due_at;
+    RETURNING t.run_at, false, 'inserted' INTO due_at, duplicate, outcome;
     IF NOT FOUND THEN
         duplicate := true;
         outcome := 'duplicate';
         RETURN;
     END IF;
-    duplicate := false;
-    outcome := 'inserted';
     IF soon AND late IS NULL THEN
         PERFORM pg_notify(channel, queue);
         IF renew THEN
