@@ -28,6 +28,9 @@ func TestOneWriterOfRedisControls(t *testing.T) {
 		t.Fatalf("module root %s: %v", root, err)
 	}
 	maySet := map[string]bool{"internal/dispatch": true, "internal/queuectl": true}
+	// The fairness benchmark drives the claim script alone, with no outbox and no
+	// Postgres copy of the controls to keep in step: it sets a queue's cap itself.
+	maySetFiles := map[string]bool{"internal/bench/fairness.go": true}
 	mayRestore := map[string]bool{"internal/reconcile": true, "internal/queuectl": true}
 	fset := token.NewFileSet()
 	scanned := 0
@@ -55,7 +58,7 @@ func TestOneWriterOfRedisControls(t *testing.T) {
 			switch n := n.(type) {
 			case *ast.SelectorExpr:
 				name := n.Sel.Name
-				if name == "SetControls" && !maySet[dir] {
+				if name == "SetControls" && !maySet[dir] && !maySetFiles[filepath.ToSlash(rel)] {
 					t.Errorf("%s: calls %s: change controls through the control operation (package control, internal/queuectl)",
 						fset.Position(n.Pos()), name)
 				}
