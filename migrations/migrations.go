@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -117,7 +118,6 @@ type Migrator struct {
 	db       *sql.DB
 	schema   string
 	provider *goose.Provider
-	lockID   int64
 }
 
 // New returns a Migrator for db. It does not touch the database.
@@ -150,7 +150,7 @@ func New(db *sql.DB, cfg Config) (*Migrator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: goose provider: %w", err)
 	}
-	return &Migrator{db: db, schema: cfg.Schema, provider: p, lockID: id}, nil
+	return &Migrator{db: db, schema: cfg.Schema, provider: p}, nil
 }
 
 // lockID is the advisory lock key that serializes migrators of one schema.
@@ -259,29 +259,25 @@ func (m *Migrator) schemaExists(ctx context.Context) (bool, error) {
 
 // ensureSchema creates the schema when it is missing. Checking first means a role
 // without CREATE on the database can still migrate inside an existing schema. Two
-// migrators creating the same schema at once would collide on pg_namespace's unique
-// index, so the creation runs under the migrators' advisory lock.
-func (m *Migrator) ensureSchema(ctx context.Context) (err error) {
+// migrators creating the same schema at once collide on pg_namespace's unique
+// index: the loser finds the schema there and goes on. No lock is waited for
+// here: a transaction waiting on the migrators' lock while the holder runs a
+// CREATE INDEX CONCURRENTLY (which waits for every open transaction) would
+// deadlock with it.
+func (m *Migrator) ensureSchema(ctx context.Context) error {
 	if ok, err := m.schemaExists(ctx); err != nil || ok {
 		return err
 	}
-	tx, err := m.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("migrations: create schema %s: %w", m.schema, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
-	if _, err = tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, m.lockID); err != nil {
-		return fmt.Errorf("migrations: create schema %s: lock: %w", m.schema, err)
-	}
 	// The name is validated: lower-case letters, digits and '_' only.
-	if _, err = tx.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+m.schema); err != nil {
-		return fmt.Errorf("migrations: create schema %s: %w", m.schema, err)
+	_, err := m.db.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+m.schema)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "42P06") {
+		// unique_violation, duplicate_schema: another migrator created it.
+		if ok, err2 := m.schemaExists(ctx); err2 == nil && ok {
+			return nil
+		}
 	}
-	if err = tx.Commit(); err != nil {
+	if err != nil {
 		return fmt.Errorf("migrations: create schema %s: %w", m.schema, err)
 	}
 	return nil

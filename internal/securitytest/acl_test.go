@@ -31,16 +31,18 @@ var (
 	// ZCOUNT for the overdue gauge.
 	// SREM, EXISTS, HGET, HINCRBY and ZPOPMIN: the concurrency keys (a slot given
 	// back by reap, repair or a replacing enqueue readmits a parked task).
+	// INCRBY and DECRBY: a fair queue's count of parked tasks.
 	relayCommands = []string{"ping", "evalsha", "eval", "script|load", "sadd", "smembers", "srem", "get", "set", "info",
-		"del", "exists", "hdel", "hexists", "hget", "hincrby", "hmget", "hset", "persist", "pttl", "publish", "time", "zadd", "zcount",
+		"del", "exists", "hdel", "hexists", "hget", "hincrby", "hmget", "hset", "incrby", "decrby", "persist", "pttl", "publish", "time", "zadd", "zcount",
 		"zpopmin", "zrange", "zrem", "zscore"}
 	// workerCommands: scripts claim, extend, complete, retry, kill, release, the
 	// process registry's workerbeat and workerbye; SADD for the queue registry (its
 	// queues, at start).
 	// SREM, EXISTS, HGET, ZCARD, ZPOPMIN and ZREMRANGEBYSCORE: the claim's caps
 	// and throttles per concurrency key.
+	// INCRBY and DECRBY: a fair queue's count of parked tasks.
 	workerCommands = []string{"ping", "evalsha", "eval", "subscribe", "sadd", "srem",
-		"del", "exists", "hdel", "hget", "hincrby", "hmget", "hset", "pexpire", "publish", "time", "zadd", "zcard", "zpopmin",
+		"del", "exists", "hdel", "hget", "hincrby", "hmget", "hset", "incrby", "decrby", "pexpire", "publish", "time", "zadd", "zcard", "zpopmin",
 		"zrange", "zremrangebyscore", "zrem", "zscore"}
 	// operatorCommands: the commands reconcile, check, stats, dead and cancel
 	// (scripts probe, repair, remove, stats; SCAN and ZSCAN to list what Redis holds),
@@ -48,8 +50,9 @@ var (
 	// the worker processes.
 	// SREM, EXISTS, HGET, HINCRBY and ZPOPMIN: a change of the limits per key, a
 	// cancel or a repair readmits parked tasks.
+	// GET, INCRBY and DECRBY: a fair queue's count of parked tasks (stats reads it).
 	operatorCommands = []string{"ping", "evalsha", "eval", "scan", "zscan", "smembers", "srem",
-		"del", "exists", "hexists", "hget", "hgetall", "hincrby", "hmget", "hset", "publish", "time", "zadd", "zcard", "zcount",
+		"del", "exists", "get", "hexists", "hget", "hgetall", "hincrby", "hmget", "hset", "incrby", "decrby", "publish", "time", "zadd", "zcard", "zcount",
 		"zpopmin", "zrange", "zrem", "zscore"}
 )
 

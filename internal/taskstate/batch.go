@@ -25,6 +25,12 @@ const BatchShards = 16
 // batchesTable returns the quoted, schema-qualified batches table.
 func (c Config) batchesTable() string { return fmt.Sprintf(`"%s"."%s"`, c.Schema, BatchesTableName) }
 
+// lockBatchShardsFunc returns the quoted, schema-qualified function that locks
+// shard rows sorted (migration 00030).
+func (c Config) lockBatchShardsFunc() string {
+	return fmt.Sprintf(`"%s".delayq_lock_batch_shards`, c.Schema)
+}
+
 // batchShardsTable returns the quoted, schema-qualified shards table.
 func (c Config) batchShardsTable() string {
 	return fmt.Sprintf(`"%s"."%s"`, c.Schema, BatchShardsTableName)

@@ -576,7 +576,7 @@ SET state = 'done', done_at = statement_timestamp(),
     payload = CASE WHEN l.clear OR %[2]t THEN ''::bytea ELSE t.payload END
 FROM locked l, shards
 WHERE t.queue = l.queue AND t.task_id = l.task_id
-RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTable()),
+RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone, cfg.lockBatchShardsFunc()),
 
 		// Arrays $1 queue, $2 task_id, $3 version, $4 clear the payload, $5 the run
 		// wrote: the guards of a group commit's runs, in one statement ahead of its
@@ -608,7 +608,7 @@ RETURNING t.queue, t.task_id`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTab
 	WHERE k.wrote AND NOT EXISTS (SELECT 1 FROM done d WHERE d.i = k.i)
 )
 SELECT d.i FROM refused r LEFT JOIN done d ON true
-WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone, cfg.batchShardsTable()),
+WHERE 1 / (r.n = 0)::int = 1`, table, cfg.ClearPayloadOnDone, cfg.lockBatchShardsFunc()),
 
 		// $1 queue, $2 task_id, $3 version, $4 attempt, $5 last_error, $6 dead,
 		// $7 the delay before the next run in µs, $8 a dead task's OnDead hook is
@@ -917,15 +917,13 @@ const (
 
 // lockBatchShards is the body of GuardMany's and GuardGroup's CTE shards: the
 // shard rows (migration 00030) of the batch children among the rows locked,
-// locked sorted before the update. The update's trigger (delayq_outbox_batch)
-// updates them in the update's order, which another such statement may take in
-// another: without this, two group commits of one batch could deadlock. %[3]s is
-// the shards' table.
+// locked sorted before the update by delayq_lock_batch_shards. The update's
+// trigger (delayq_outbox_batch) updates them in the update's order, which
+// another such statement may take in another: without this, two group commits
+// of one batch could deadlock. With no batch child among the rows the function
+// gets NULL arrays and never reads the shards' table, so a role that finishes no
+// batch child needs no privilege on it. %[3]s is the function.
 const lockBatchShards = `
-	SELECT count(*) FROM (
-		SELECT FROM %[3]s s
-		WHERE (s.batch_id, s.shard) IN (SELECT batch_id, batch_shard FROM locked WHERE batch_shard IS NOT NULL)
-		ORDER BY s.batch_id, s.shard
-		FOR UPDATE OF s
-	) AS x
+	SELECT %[3]s(array_agg(batch_id ORDER BY batch_id, batch_shard), array_agg(batch_shard ORDER BY batch_id, batch_shard))
+	FROM locked WHERE batch_shard IS NOT NULL
 `

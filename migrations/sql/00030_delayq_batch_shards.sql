@@ -109,6 +109,34 @@ END
 $$;
 -- +goose StatementEnd
 
+-- delayq_lock_batch_shards locks the shard rows named by batch_ids[i], shards[i],
+-- sorted, and returns how many it locked: the guards of many completions
+-- (GuardMany, GuardGroup) call it before their update, whose trigger would
+-- otherwise lock the rows in the update's order, which another such statement
+-- may take in another (a deadlock). A function rather than a subquery of the
+-- guards, so that a role finishing tasks outside any batch needs no privilege on
+-- the shards: with NULL arrays (no batch child among the rows) it returns at
+-- once and never reads the table.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION {{schema}}.delayq_lock_batch_shards(batch_ids bigint[], shards integer[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    IF batch_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT count(*) INTO n FROM (
+        SELECT FROM {{schema}}.delayq_batch_shards s
+        WHERE (s.batch_id, s.shard) IN (SELECT * FROM unnest(batch_ids, shards))
+        ORDER BY s.batch_id, s.shard
+        FOR UPDATE OF s
+    ) AS x;
+    RETURN n;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
 -- The shards' counts go back into their batches' rows, which 00024's trigger
 -- counts on: a child keeps its batch_id, and only the shard is forgotten.
@@ -153,6 +181,7 @@ END
 $$;
 -- +goose StatementEnd
 
+DROP FUNCTION IF EXISTS {{schema}}.delayq_lock_batch_shards(bigint[], integer[]);
 DROP TABLE IF EXISTS {{schema}}.delayq_batch_shards;
 ALTER TABLE {{schema}}.delayq_batches DROP COLUMN IF EXISTS shards, DROP COLUMN IF EXISTS zero_shards;
 ALTER TABLE {{schema}}.delayq_outbox DROP COLUMN IF EXISTS batch_shard;
