@@ -100,7 +100,7 @@ func anyLanguage(t *testing.T, interpreter, script string) {
 		tasks       int
 		orders      []string
 	)
-	if err := pool.QueryRow(ctx, `SELECT payload, max_attempts, extract(epoch FROM run_at - created_at)::float8 * 1e9
+	if err := pool.QueryRow(ctx, `SELECT payload, max_attempts, round(extract(epoch FROM run_at - created_at) * 1e9)::bigint
 		FROM delayq_outbox WHERE queue = 'reminder' AND task_id = 'order-1'`).Scan(&payload, &maxAttempts, &delay); err != nil {
 		t.Fatal(err)
 	}

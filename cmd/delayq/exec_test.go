@@ -136,8 +136,8 @@ exit $rc`
 	// 1h backoff (jittered into [30m, 1h]).
 	var later, nonsense time.Duration
 	if err := pool.QueryRow(context.Background(), `SELECT
-		extract(epoch FROM (SELECT run_at FROM delayq_outbox WHERE task_id = 'later') - now())::float8 * 1e9,
-		extract(epoch FROM (SELECT run_at FROM delayq_outbox WHERE task_id = 'nonsense') - now())::float8 * 1e9`).Scan(&later, &nonsense); err != nil {
+		round(extract(epoch FROM (SELECT run_at FROM delayq_outbox WHERE task_id = 'later') - now()) * 1e9)::bigint,
+		round(extract(epoch FROM (SELECT run_at FROM delayq_outbox WHERE task_id = 'nonsense') - now()) * 1e9)::bigint`).Scan(&later, &nonsense); err != nil {
 		t.Fatal(err)
 	}
 	if later < 30*time.Second || later > 90*time.Second {
