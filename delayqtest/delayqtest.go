@@ -14,15 +14,18 @@
 // # Servers
 //
 // New uses the servers named by DELAYQ_TEST_POSTGRES_URL and
-// DELAYQ_TEST_REDIS_URL (or Options). Where one is not set, it starts a local
-// one from the PostgreSQL (initdb, postgres) or Redis (redis-server) binaries,
-// found on PATH or where distributions put them (/usr/lib/postgresql/*/bin),
-// once for all the tests of the test binary: `go test` needs no set-up on a
+// DELAYQ_TEST_REDIS_URL (or Options). Where one is not set, it starts one,
+// once for all the tests of the test binary, with the finder of delayq's make
+// demo: from the local PostgreSQL (initdb, postgres) or Redis (redis-server)
+// binaries, found on PATH or where distributions put them
+// (/usr/lib/postgresql/*/bin), else in a Docker container (postgres:15,
+// redis:7) through the docker command. So `go test` needs no set-up on a
 // machine with the binaries (Debian/Ubuntu: apt-get install postgresql
-// redis-server; macOS: brew install postgresql redis). Without binaries or URLs
-// the test fails with one message saying so (or is skipped: Options.Skip).
-// `delayq dev` starts the same servers for a shell and prints the variables to
-// export.
+// redis-server; macOS: brew install postgresql redis) or with Docker.
+// DELAYQ_TEST_SERVERS=local or docker picks one of the two. Without binaries,
+// Docker or URLs the test fails with one message saying so (or is skipped:
+// Options.Skip). `delayq dev` starts the same servers for a shell and prints
+// the variables to export.
 //
 // The servers are throwaway: in a temporary directory, without durability. Call
 // Main from the package's TestMain to stop them and remove their files when the
@@ -35,8 +38,9 @@
 // they outlive it.
 //
 // The package links no Docker client (it would land in every user's go.sum):
-// the Docker fallback of delayq's own `make test` is in its development module
-// (internal/dev), which passes the containers' URLs in the two variables.
+// it runs the docker command. Containers are labelled with the test process
+// that started them and removed by Main, else by the next test process that
+// starts servers.
 package delayqtest
 
 import (
@@ -69,6 +73,9 @@ import (
 const (
 	EnvPostgresURL = "DELAYQ_TEST_POSTGRES_URL"
 	EnvRedisURL    = "DELAYQ_TEST_REDIS_URL"
+	// EnvServers says where New starts servers a URL does not name: "any"
+	// (the default: local binaries, else Docker), "local" or "docker".
+	EnvServers = "DELAYQ_TEST_SERVERS"
 )
 
 // Options name the servers. The zero value reads the environment, and starts

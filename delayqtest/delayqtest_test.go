@@ -14,12 +14,16 @@ import (
 
 	"github.com/delayq/delayq/delayq"
 	"github.com/delayq/delayq/delayqtest"
+	"github.com/delayq/delayq/internal/tempserver/fakedocker"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 )
 
-func TestMain(m *testing.M) { delayqtest.Main(m) }
+func TestMain(m *testing.M) {
+	fakedocker.Main() // this binary is the docker command of TestServersInDocker
+	delayqtest.Main(m)
+}
 
 // env makes a delayqtest.Env on the servers of the environment, else on the
 // local ones delayqtest starts, and a client on it.

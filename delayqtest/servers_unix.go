@@ -23,10 +23,19 @@ import (
 var local struct {
 	sync.Mutex
 	dir      string // parent of both servers' directories, with the owner's pid
-	pg       *tempserver.Postgres
-	redis    *tempserver.Redis
+	pg       tempserver.Server
+	redis    tempserver.Server
 	pgErr    error
 	redisErr error
+}
+
+// serverSource reads EnvServers.
+func serverSource() (tempserver.Source, error) {
+	from, err := tempserver.ParseSource(os.Getenv(EnvServers))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", EnvServers, err)
+	}
+	return from, nil
 }
 
 // pidFile, in a server directory of this package, holds the pid of the test
@@ -40,9 +49,12 @@ func localPostgres(ctx context.Context) (string, error) {
 	local.Lock()
 	defer local.Unlock()
 	if local.pg == nil && local.pgErr == nil {
-		if local.pgErr = makeLocalDir(); local.pgErr == nil {
-			local.pg, local.pgErr = tempserver.StartPostgres(ctx, tempserver.PostgresOptions{
-				Dir: filepath.Join(local.dir, "postgres"), MaxConnections: 500})
+		var from tempserver.Source
+		if from, local.pgErr = serverSource(); local.pgErr == nil {
+			if local.pgErr = makeLocalDir(); local.pgErr == nil {
+				local.pg, local.pgErr = tempserver.FindPostgres(ctx, tempserver.PostgresOptions{
+					Dir: filepath.Join(local.dir, "postgres"), MaxConnections: 500}, from)
+			}
 		}
 	}
 	if local.pgErr != nil {
@@ -56,8 +68,11 @@ func localRedis(ctx context.Context) (string, error) {
 	local.Lock()
 	defer local.Unlock()
 	if local.redis == nil && local.redisErr == nil {
-		if local.redisErr = makeLocalDir(); local.redisErr == nil {
-			local.redis, local.redisErr = tempserver.StartRedis(ctx, tempserver.RedisOptions{Dir: filepath.Join(local.dir, "redis")})
+		var from tempserver.Source
+		if from, local.redisErr = serverSource(); local.redisErr == nil {
+			if local.redisErr = makeLocalDir(); local.redisErr == nil {
+				local.redis, local.redisErr = tempserver.FindRedis(ctx, tempserver.RedisOptions{Dir: filepath.Join(local.dir, "redis")}, from)
+			}
 		}
 	}
 	if local.redisErr != nil {
@@ -128,7 +143,7 @@ func stopLocal() {
 func noServers(err error) string {
 	if errors.Is(err, tempserver.ErrNoServer) {
 		return fmt.Sprintf("delayqtest: no servers to test against: set %s and %s (or Options) to servers tests may use, "+
-			"or %s, found on PATH or in /usr/lib/postgresql/*/bin", EnvPostgresURL, EnvRedisURL, tempserver.InstallBinaries)
+			"or %s, found on PATH or in /usr/lib/postgresql/*/bin, %s: %v", EnvPostgresURL, EnvRedisURL, tempserver.InstallBinaries, tempserver.DockerHint, err)
 	}
 	return fmt.Sprintf("delayqtest: start a local server: %v", err)
 }

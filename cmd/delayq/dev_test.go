@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/delayq/delayq/delayqtest"
+	"github.com/delayq/delayq/internal/tempserver/fakedocker"
 )
 
 // dev prints the variables delayqtest reads.
@@ -51,10 +52,10 @@ func TestDevCommand(t *testing.T) {
 	}
 
 	// dev starts the servers, checks them with check, then stops with SIGINT.
-	dev := func(t *testing.T, check func(env map[string]string), args ...string) {
+	dev := func(t *testing.T, check func(env map[string]string), extraEnv []string, args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + tmp}
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + tmp}, extraEnv...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
@@ -89,6 +90,7 @@ func TestDevCommand(t *testing.T) {
 			c.Close(ctx)
 			t.Errorf("PostgreSQL still answers after dev stopped")
 		}
+		return stderr.String()
 	}
 	pgExec := func(env map[string]string, sql string) error {
 		c, err := pgx.Connect(ctx, env["DATABASE_URL"])
@@ -119,7 +121,7 @@ func TestDevCommand(t *testing.T) {
 			if err := rdb.Ping(ctx).Err(); err != nil {
 				t.Error(err)
 			}
-		})
+		}, nil)
 		after, _ := filepath.Glob(filepath.Join(tmp, "delayq-pg-*"))
 		if len(after) > len(before) {
 			t.Errorf("data left behind: %v (before: %v)", after, before)
@@ -147,7 +149,7 @@ func TestDevCommand(t *testing.T) {
 			if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
 				t.Error(err)
 			}
-		}, "--dir", dir)
+		}, nil, "--dir", dir)
 		dev(t, func(env map[string]string) {
 			c, err := pgx.Connect(ctx, env["DATABASE_URL"])
 			if err != nil {
@@ -163,12 +165,31 @@ func TestDevCommand(t *testing.T) {
 			if v, err := rdb.Get(ctx, "k").Result(); v != "v" {
 				t.Errorf("the second run's Redis key: %q, %v", v, err)
 			}
-		}, "--dir", dir)
+		}, nil, "--dir", dir)
+	})
+
+	// With --servers docker, the servers run in containers through the docker
+	// command (fakedocker: local binaries behind a stand-in for the runtime),
+	// removed when dev stops.
+	t.Run("in Docker", func(t *testing.T) {
+		t.Parallel()
+		env, state := fakedocker.Setup(t)
+		log := dev(t, func(map[string]string) {
+			if running := fakedocker.Running(state); len(running) != 2 {
+				t.Errorf("containers running: %v, want PostgreSQL's and Redis's", running)
+			}
+		}, env, "--servers", "docker")
+		if strings.Count(log, "Docker container") != 2 {
+			t.Errorf("dev's line does not say the servers run in Docker: %s", log)
+		}
+		if running := fakedocker.Running(state); len(running) != 0 {
+			t.Errorf("containers running after dev stopped: %v", running)
+		}
 	})
 
 	t.Run("usage", func(t *testing.T) {
 		t.Parallel()
-		for _, args := range [][]string{{"extra"}, {"--redis-port", "70000"}, {"--postgres-port", "6000", "--redis-port", "6000"}} {
+		for _, args := range [][]string{{"extra"}, {"--redis-port", "70000"}, {"--postgres-port", "6000", "--redis-port", "6000"}, {"--servers", "podman"}} {
 			cmd := exec.CommandContext(ctx, bin, append([]string{"dev"}, args...)...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError

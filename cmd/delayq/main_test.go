@@ -7,12 +7,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/delayq/delayq/internal/tempserver/fakedocker"
 	"github.com/delayq/delayq/internal/testenv"
 )
 
 // TestMain shares the test servers of the package's tests and checks for leaked
 // goroutines at the end; it removes the command built for the tests.
 func TestMain(m *testing.M) {
+	fakedocker.Main() // this binary is the docker command of dev's Docker test
 	testenv.Main(m, func() {
 		if builtCLI.dir != "" {
 			os.RemoveAll(builtCLI.dir)

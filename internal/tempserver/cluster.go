@@ -30,11 +30,11 @@ func StartRedisCluster(ctx context.Context, masters int) (*RedisCluster, error) 
 	}
 	bin, err := RedisBinary("redis-server")
 	if err != nil {
-		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-server: %s", ErrNoServer, InstallHint)
+		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-server: %s", ErrNoServer, InstallBinaries)
 	}
 	cli, err := RedisBinary("redis-cli")
 	if err != nil {
-		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-cli: %s", ErrNoServer, InstallHint)
+		return nil, fmt.Errorf("%w: Redis Cluster needs local redis-cli: %s", ErrNoServer, InstallBinaries)
 	}
 	dir, err := os.MkdirTemp("", "delayq-cluster-")
 	if err != nil {

@@ -40,6 +40,11 @@ type RedisOptions struct {
 	AppendOnly bool
 	// Port is the port to listen on. Default: a free one.
 	Port int
+	// DirInContainer mounts Dir in a container of the Docker fallback too, so
+	// that it keeps the data. Default: a container keeps its data inside itself,
+	// removed with it (the files a container writes into a host directory
+	// belong to its own user, whom the caller may not be able to remove).
+	DirInContainer bool
 }
 
 // StartRedis starts a server from a local redis-server binary (no Docker

@@ -2,12 +2,12 @@
 // demo and the benchmarks from local server binaries, else it fails with one
 // message that says what to install.
 //
-// It has no Docker fallback: that would put dockertest and the Docker client in
-// the root module's go.mod, and so in every user's go.sum. Where no binaries are
-// installed, `make test`, `make demo` and `make bench` start the servers in Docker
-// through the dev module (internal/dev, cmd withservers) and pass their URLs
-// (DELAYQ_TEST_*_URL, DATABASE_URL, REDIS_URL), which the tests and the demo use
-// instead of starting their own.
+// FindPostgres and FindRedis fall back to Docker containers, through the
+// docker command: a Go client of the Docker API would put itself and its
+// dependencies in the root module's go.mod, and so in every user's go.sum (this
+// package is linked by delayqtest and `delayq dev`). delayq's own make targets
+// find servers through the dev module (internal/dev, cmd withservers, with
+// dockertest) and pass their URLs (DELAYQ_TEST_*_URL, DATABASE_URL, REDIS_URL).
 //
 // Local servers run as child processes in a temporary directory on free loopback
 // ports, keep nothing after Close (unless given a directory of their own), and,
@@ -37,9 +37,8 @@ import (
 var ErrNoServer = errors.New("tempserver: no way to start a server")
 
 // InstallHint is the one message shown when no server can be started.
-const InstallHint = InstallBinaries + ", " +
-	"or run through make in a checkout of delayq (it falls back to Docker), " +
-	"or pass DATABASE_URL and REDIS_URL of servers you already run"
+const InstallHint = InstallBinaries + ", " + DockerHint + ", " +
+	"or pass the URLs of servers you already run"
 
 // InstallBinaries says which packages provide the binaries this package looks
 // for (on PATH, or where distributions put them: PostgresBinary, RedisBinary).

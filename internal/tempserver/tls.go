@@ -146,7 +146,7 @@ type TLSRedis struct {
 func StartTLSRedis(ctx context.Context, opts RedisOptions) (*TLSRedis, error) {
 	bin, err := RedisBinary("redis-server")
 	if err != nil {
-		return nil, fmt.Errorf("%w: TLS Redis needs a local redis-server: %s", ErrNoServer, InstallHint)
+		return nil, fmt.Errorf("%w: TLS Redis needs a local redis-server: %s", ErrNoServer, InstallBinaries)
 	}
 	dir, err := os.MkdirTemp("", "delayq-redis-tls-")
 	if err != nil {
@@ -268,7 +268,7 @@ func StartTLSPostgres(ctx context.Context, opts TLSPostgresOptions) (*Postgres, 
 	}
 	initdb, err := PostgresBinary("initdb")
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: TLS PostgreSQL needs local binaries: %s", ErrNoServer, InstallHint)
+		return nil, nil, fmt.Errorf("%w: TLS PostgreSQL needs local binaries: %s", ErrNoServer, InstallBinaries)
 	}
 	bin := filepath.Dir(initdb)
 	as, err := unprivileged("postgres")
