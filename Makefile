@@ -113,5 +113,5 @@ comparison-lines: ## Count the lines of the comparison service's two versions (d
 	@bash scripts/comparison-lines.sh
 
 .PHONY: consumer-gosum
-consumer-gosum: ## A throwaway module that imports the library: its go.sum line count, and no test tools in it.
+consumer-gosum: ## A throwaway module that imports the library: its go.sum line count, no test tools in it, and examples/payment tested in it with no set-up.
 	@bash scripts/consumer-gosum.sh

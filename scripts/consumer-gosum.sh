@@ -4,7 +4,8 @@
 # and reports its go.sum: the line count and any test tool that leaked into it
 # (dockertest, the Docker client, chromedp, the OpenTelemetry SDK). Exits 1 when
 # one did. DELAYQ_CONSUMER_OTEL=1 also imports delayqotel (its own module), which
-# may bring the OpenTelemetry API but not the SDK.
+# may bring the OpenTelemetry API but not the SDK. Then it runs
+# examples/payment's tests in that module with no server variables set.
 #
 #   scripts/consumer-gosum.sh          # or: make consumer-gosum
 set -euo pipefail
@@ -45,3 +46,13 @@ if bad=$(cut -d' ' -f1 go.sum | sort -u | grep -E "$forbidden"); then
   echo "$bad" | sed 's/^/  /' >&2
   exit 1
 fi
+
+# The same module runs examples/payment's tests as a user's own service would:
+# copied in, with no server variables set, so delayqtest starts its servers
+# itself (local binaries, else Docker). Issue 31's "go test in a fresh user
+# module needs no set-up".
+mkdir payment
+cp "$root"/examples/payment/*.go payment/
+go mod tidy 2>tidy.log || { cat tidy.log >&2; exit 1; }
+env -u DELAYQ_TEST_POSTGRES_URL -u DELAYQ_TEST_REDIS_URL -u DATABASE_URL -u REDIS_URL \
+  go test -count=1 ./payment/ || { echo "examples/payment's tests fail in a module of their own" >&2; exit 1; }
