@@ -268,6 +268,17 @@ func (s *session) n(full int) int {
 	return max(10, int(float64(full)*s.env.Scale))
 }
 
+// timed is a workload's wall-clock span at this scale: a test-sized run (Scale
+// below 0.1: tests run every workload to keep it from rotting) compresses time
+// tenfold too, so that a minute's spread of due times does not hold a test for
+// a minute.
+func (s *session) timed(full time.Duration) time.Duration {
+	if s.env.Scale < 0.1 {
+		return full / 10
+	}
+	return full
+}
+
 func (s *session) machine(ctx context.Context) Machine {
 	m := Machine{Cores: runtime.NumCPU(), CPU: cpuModel(), Go: runtime.Version()}
 	_ = s.pool.QueryRow(ctx, "SHOW server_version").Scan(&m.Postgres)

@@ -528,7 +528,7 @@ func (*claimCounter) RunEnd(context.Context, *delayq.Task, delayq.RunEndEvent)  
 // second steadily for 5 s.
 func lateness(tasks int, spread time.Duration) func(context.Context, *session, *Result) error {
 	return func(ctx context.Context, s *session, r *Result) error {
-		return latenessRun(ctx, s, r, s.n(tasks), spread)
+		return latenessRun(ctx, s, r, s.n(tasks), s.timed(spread))
 	}
 }
 
@@ -553,7 +553,7 @@ func latenessRun(ctx context.Context, s *session, r *Result, n int, spread time.
 	defer stopRelay()
 	stopWorker := s.background(ctx, w.Run)
 	defer stopWorker()
-	first := time.Now().Add(5 * time.Second)
+	first := time.Now().Add(s.timed(5 * time.Second))
 	step := spread / time.Duration(n)
 	tasks := make([]outbox.Task, n)
 	for i := range tasks {

@@ -29,7 +29,7 @@ func prune(ctx context.Context, s *session, r *Result) error {
 	rows := s.n(1_000_000)
 	rate := cmp.Or(s.env.Soak.Rate, 200)
 	batch := cmp.Or(s.env.Soak.RetentionBatch, relay.Config{}.WithDefaults().RetentionBatch)
-	const quiet = 5 * time.Second
+	quiet := s.timed(5 * time.Second)
 	r.Params["rows"], r.Params["rate"], r.Params["retention_batch"] = rows, rate, batch
 
 	// The backlog, as the worker leaves rows: done, payload cleared, finished a day

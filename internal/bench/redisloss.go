@@ -141,10 +141,10 @@ func redisLoss(kind lossKind) func(ctx context.Context, s *session, r *Result) e
 
 func runRedisLoss(ctx context.Context, s *session, r *Result, kind lossKind) error {
 	n := s.n(100_000)
-	const (
-		lead   = 5 * time.Second  // before the first task is due: the relay moves them
-		spread = time.Minute      // due times spread over this
-		lossAt = 10 * time.Second // after the start
+	var (
+		lead   = s.timed(5 * time.Second)  // before the first task is due: the relay moves them
+		spread = s.timed(time.Minute)      // due times spread over this
+		lossAt = s.timed(10 * time.Second) // after the start
 	)
 	r.Params["tasks"], r.Params["spread"], r.Params["loss_after"], r.Params["loss"] = n, spread.String(), lossAt.String(), string(kind)
 	tgt, err := s.lossTarget(ctx, kind)
