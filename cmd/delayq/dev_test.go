@@ -174,6 +174,17 @@ func TestDevCommand(t *testing.T) {
 	t.Run("in Docker", func(t *testing.T) {
 		t.Parallel()
 		env, state := fakedocker.Setup(t)
+		// The fake's servers keep their files in a TMPDIR of their own (the
+		// environment's last TMPDIR wins): "throwaway" counts the files in tmp.
+		own, err := os.MkdirTemp("", "delayq-devtest-docker-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(own) })
+		if err := os.Chmod(own, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, "TMPDIR="+own)
 		log := dev(t, func(map[string]string) {
 			if running := fakedocker.Running(state); len(running) != 2 {
 				t.Errorf("containers running: %v, want PostgreSQL's and Redis's", running)
