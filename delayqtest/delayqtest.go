@@ -73,9 +73,6 @@ import (
 const (
 	EnvPostgresURL = "DELAYQ_TEST_POSTGRES_URL"
 	EnvRedisURL    = "DELAYQ_TEST_REDIS_URL"
-	// EnvServers says where New starts servers a URL does not name: "any"
-	// (the default: local binaries, else Docker), "local" or "docker".
-	EnvServers = "DELAYQ_TEST_SERVERS"
 )
 
 // Options name the servers. The zero value reads the environment, and starts

@@ -28,7 +28,7 @@ func TestServersInDocker(t *testing.T) {
 	}
 	state := fakedocker.Install(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServersInDocker$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "DELAYQ_DOCKER_CHILD=1", delayqtest.EnvServers+"=docker",
+	cmd.Env = append(os.Environ(), "DELAYQ_DOCKER_CHILD=1", "DELAYQ_TEST_SERVERS=docker",
 		delayqtest.EnvPostgresURL+"=", delayqtest.EnvRedisURL+"=")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "ran in containers") {
@@ -40,10 +40,10 @@ func TestServersInDocker(t *testing.T) {
 
 	// A bad setting is refused with the variable's name.
 	cmd = exec.Command(os.Args[0], "-test.run=^TestServersInDocker$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "DELAYQ_DOCKER_CHILD=1", delayqtest.EnvServers+"=podman",
+	cmd.Env = append(os.Environ(), "DELAYQ_DOCKER_CHILD=1", "DELAYQ_TEST_SERVERS=podman",
 		delayqtest.EnvPostgresURL+"=", delayqtest.EnvRedisURL+"=")
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), delayqtest.EnvServers+`: tempserver: invalid server source "podman"`) {
-		t.Errorf("%s=podman: %v\n%s", delayqtest.EnvServers, err, out)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `DELAYQ_TEST_SERVERS: tempserver: invalid server source "podman"`) {
+		t.Errorf("DELAYQ_TEST_SERVERS=podman: %v\n%s", err, out)
 	}
 }
 

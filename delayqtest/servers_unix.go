@@ -29,11 +29,16 @@ var local struct {
 	redisErr error
 }
 
-// serverSource reads EnvServers.
+// envServers says where New starts servers a URL does not name: "any" (the
+// default: local binaries, else Docker), "local" or "docker". Unexported: a
+// user sets it in a shell, not in Go (and the public surface has a budget).
+const envServers = "DELAYQ_TEST_SERVERS"
+
+// serverSource reads envServers.
 func serverSource() (tempserver.Source, error) {
-	from, err := tempserver.ParseSource(os.Getenv(EnvServers))
+	from, err := tempserver.ParseSource(os.Getenv(envServers))
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", EnvServers, err)
+		return "", fmt.Errorf("%s: %w", envServers, err)
 	}
 	return from, nil
 }
