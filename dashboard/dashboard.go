@@ -14,6 +14,11 @@
 // every response carries a strict Content-Security-Policy. Templates, stylesheet
 // and charts (SVG drawn on the server) are embedded: it works offline.
 //
+// Several outbox databases (docs/DESIGN.md, "Several databases"): New(nil, cfg)
+// with Config.Databases serves one dashboard over them, an overview of every
+// database's queues and their total at BasePath/, and each database's own
+// dashboard, every page and action, at BasePath/db/KEY/.
+//
 // Mount it under a path with Config.BasePath and mux.Handle(base+"/", h), not under
 // http.StripPrefix. docs/SECURITY.md, "The dashboard", says what to put in front
 // of it before exposing it beyond the machine.
@@ -57,23 +62,81 @@ type Config struct {
 	BasePath string
 	// Logger receives the errors of failed requests. Default: discard.
 	Logger *slog.Logger
+
+	// Databases, when set, makes New (called with a nil client) serve one
+	// dashboard over several outbox databases, one client each, named by the
+	// client's own delayq.Config.Database key (required, each once): the key
+	// that already places its tasks under PREFIX:KEY in Redis, so the page
+	// that names a database cannot disagree with the keys it reads. The
+	// overview, at BasePath/, lists each database's queues with their counts,
+	// then each queue's total over the databases and the total of every queue
+	// (a database that cannot be read shows its error and is named as left
+	// out of the total); each database's own dashboard, every page and action
+	// of New on that client, is at BasePath/db/KEY/. One login serves all of
+	// them; the other fields apply to every database. At most 64 databases,
+	// shown in this order. A field rather than a constructor of its own: one
+	// New, one Config, and no name added to the package.
+	Databases []*delayq.Client
 }
 
-// New builds the dashboard on client's stores (its schema and key prefix). The
-// error wraps ErrInvalidConfig for a Config it refuses.
+// New builds the dashboard on client's stores (its schema and key prefix, under
+// its Database key if it has one), or, with a nil client, over
+// cfg.Databases. The error wraps ErrInvalidConfig for a Config it refuses,
+// and for no client, a client beside Databases, or a database without a key
+// or with a key given twice; nothing is served then.
 func New(client *delayq.Client, cfg Config) (http.Handler, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: a nil client", ErrInvalidConfig)
-	}
-	dq, err := dispatch.On(client.Redis(), dispatch.Config{Prefix: client.Config().Prefix})
-	if err != nil {
-		return nil, err
-	}
-	return ui.New(ui.Config{
-		DB: client.DB(), Redis: dq, Outbox: client.Outbox(),
+	ucfg := ui.Config{
 		Token: cfg.Token, BasicUser: cfg.BasicUser, BasicPassword: cfg.BasicPassword,
 		ReadOnly: cfg.ReadOnly, HidePayloads: cfg.HidePayloads, AuthReads: cfg.AuthReads,
 		PayloadCap: cfg.PayloadCap, PageSize: cfg.PageSize, Refresh: cfg.Refresh,
-		BasePath: cfg.BasePath, Logger: cfg.Logger, Schedules: client.Schedules,
-	})
+		BasePath: cfg.BasePath, Logger: cfg.Logger,
+	}
+	if client == nil && len(cfg.Databases) == 0 {
+		return nil, fmt.Errorf("%w: a nil client and no Databases", ErrInvalidConfig)
+	}
+	if client != nil && len(cfg.Databases) > 0 {
+		return nil, fmt.Errorf("%w: a client and Databases: give one or the other", ErrInvalidConfig)
+	}
+	if client != nil {
+		d, err := database(client)
+		if err != nil {
+			return nil, err
+		}
+		ucfg.DB, ucfg.Redis, ucfg.Outbox, ucfg.Schedules = d.DB, d.Redis, d.Outbox, d.Schedules
+		h, err := ui.New(ucfg)
+		if err != nil { // no typed nil in the interface
+			return nil, err
+		}
+		return h, nil
+	}
+	dbs := make([]ui.Database, len(cfg.Databases))
+	for i, c := range cfg.Databases {
+		if c == nil {
+			return nil, fmt.Errorf("%w: Databases[%d] is nil", ErrInvalidConfig, i)
+		}
+		if c.Config().Database == "" {
+			return nil, fmt.Errorf("%w: Databases[%d] has no key: set its delayq.Config.Database", ErrInvalidConfig, i)
+		}
+		d, err := database(c)
+		if err != nil {
+			return nil, err
+		}
+		dbs[i] = d
+	}
+	h, err := ui.NewMulti(dbs, ucfg)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// database is what the dashboard reads of client: its pool, its Redis keys
+// (under PREFIX:KEY for a client of several databases), its outbox.
+func database(client *delayq.Client) (ui.Database, error) {
+	cc := client.Config()
+	dq, err := dispatch.On(client.Redis(), dispatch.Config{Prefix: dispatch.Namespace(cc.Prefix, cc.Database)})
+	if err != nil {
+		return ui.Database{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return ui.Database{Key: cc.Database, DB: client.DB(), Redis: dq, Outbox: client.Outbox(), Schedules: client.Schedules}, nil
 }

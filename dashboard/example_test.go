@@ -59,3 +59,38 @@ func ExampleNew_credentials() {
 	// true
 	// <nil>
 }
+
+// One dashboard over a service's two outbox databases, each client named by its
+// delayq.Config.Database key: the overview of both and their total at
+// /ops/delayq/, each database's own dashboard at /ops/delayq/db/eu1/ and
+// /ops/delayq/db/us1/. (It needs PostgreSQL and Redis, so it is compiled, not
+// run.)
+func ExampleNew_databases() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}) // one Redis for both
+	defer rdb.Close()
+	var clients []*delayq.Client
+	for _, db := range []struct{ key, url string }{{"eu1", os.Getenv("EU1_DATABASE_URL")}, {"us1", os.Getenv("US1_DATABASE_URL")}} {
+		pool, err := pgxpool.New(ctx, db.url)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer pool.Close()
+		client, err := delayq.New(pool, rdb, delayq.Config{Database: db.key}) // its tasks under dq:eu1, dq:us1
+		if err != nil {
+			log.Fatal(err)
+		}
+		clients = append(clients, client)
+	}
+	h, err := dashboard.New(nil, dashboard.Config{
+		Databases: clients,
+		Token:     os.Getenv("DELAYQ_UI_TOKEN"), // one login for every database
+		BasePath:  "/ops/delayq",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/delayq/", h)
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/delayq/delayq/internal/clientkit"
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/ui"
+	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/migrations"
 	"github.com/delayq/delayq/outbox"
 	"github.com/delayq/delayq/relay"
@@ -39,7 +40,10 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 		"  delayq ui                                  # http://127.0.0.1:8080, a token printed at start\n"+
 			"  DELAYQ_UI_TOKEN=$(cat /run/secrets/ui) delayq ui --listen 10.0.0.5:8080\n"+
 			"  delayq ui --read-only --hide-payloads      # look, never act, never show a payload\n"+
-			"  go run -tags delayqdev ./cmd/delayq ui --demo   # throwaway servers and a live workload to watch\n\n"+
+			"  go run -tags delayqdev ./cmd/delayq ui --demo   # throwaway servers and a live workload to watch\n"+
+			"  delayq ui --database eu1=postgres://db-eu1/app --database us1=postgres://db-us1/app\n"+
+			"                                             # several outbox databases: an overview of each and the total,\n"+
+			"                                             # each database's own dashboard at /db/KEY/\n\n"+
 			"Every action (cancel, reschedule, run now, retry, purge, check) needs the token (typed\n"+
 			"into the login page, or sent as Authorization: Bearer) or the basic credentials, and\n"+
 			"a CSRF token; --read-only serves none. See docs/SECURITY.md, \"The dashboard\".\n")
@@ -52,11 +56,20 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 	authReads := fs.Bool("auth-reads", false, "ask for the credentials on every page, not only for actions")
 	refresh := fs.Duration("refresh", 0, "reload the queues page this often (0: never)")
 	demoMode := fs.Bool("demo", false, "run a live demo workload (relay, workers, orders, some dying) in a schema and key prefix of its own, and show it")
+	var databases databaseFlags
+	registerDatabases(fs, &databases)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	dbs, err := resolveDatabases(fs, &databases)
+	if err != nil {
+		return err
+	}
+	if *demoMode && len(dbs) > 0 {
+		return usagef("--demo runs a database of its own: drop --database")
 	}
 	cfg, err := uiCredentials(*token, *basic, *readOnly)
 	if err != nil {
@@ -83,6 +96,19 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 		if err != nil {
 			return err
 		}
+	}
+	if len(dbs) > 0 {
+		h, closeAll, err := uiOfDatabases(ctx, &conn, dbs, cfg)
+		if err != nil {
+			return err
+		}
+		defer closeAll()
+		keys := make([]string, len(dbs))
+		for i, d := range dbs {
+			keys[i] = d.key
+		}
+		return serveUI(ctx, m, h, *listen, fmt.Sprintf("schema %s, prefix %s, databases %s", conn.schema, conn.prefix, strings.Join(keys, ", ")),
+			printToken, cfg.Token, *readOnly)
 	}
 	pool, err := conn.openPostgres(ctx)
 	if err != nil {
@@ -122,17 +148,75 @@ func runUI(ctx context.Context, m *Main, args []string) error {
 	if err != nil {
 		return usagef("%s", strings.TrimPrefix(err.Error(), ui.ErrInvalidConfig.Error()+": "))
 	}
-	ln, err := net.Listen("tcp", *listen)
+	return serveUI(ctx, m, h, *listen, fmt.Sprintf("schema %s, prefix %s", schema, prefix), printToken, cfg.Token, *readOnly)
+}
+
+// uiOfDatabases builds the dashboard over several databases (--database): one
+// Redis client, a pool per database, each database's keys under PREFIX:KEY.
+// Everything is checked before anything connects; closeAll closes what was
+// opened.
+func uiOfDatabases(ctx context.Context, conn *connFlags, dbs []namedDatabase, cfg ui.Config) (h http.Handler, closeAll func(), err error) {
+	var closers []func()
+	closeOpened := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeOpened()
+		}
+	}()
+	if err := validate.Prefix(conn.prefix); err != nil {
+		return nil, nil, usagef("--prefix: %v", err)
+	}
+	if err := conn.checkRedis(); err != nil {
+		return nil, nil, err
+	}
+	ob, err := outbox.New(outbox.Config{Schema: conn.schema})
+	if err != nil {
+		return nil, nil, usagef("%v", err)
+	}
+	rdb, err := conn.openRedis(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() { _ = rdb.Close() })
+	uidbs := make([]ui.Database, len(dbs))
+	for i, d := range dbs {
+		c := *conn
+		c.databaseURL = d.url
+		pool, err := c.openPostgres(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("database %s: %w", d.key, err)
+		}
+		closers = append(closers, pool.Close)
+		dq, err := dispatch.New(rdb, dispatch.Config{Prefix: dispatch.Namespace(conn.prefix, d.key)})
+		if err != nil {
+			return nil, nil, usagef("database %s: %v", d.key, err)
+		}
+		uidbs[i] = ui.Database{Key: d.key, DB: pool, Redis: dq, Outbox: ob}
+	}
+	mh, err := ui.NewMulti(uidbs, cfg)
+	if err != nil {
+		return nil, nil, usagef("%s", strings.TrimPrefix(err.Error(), ui.ErrInvalidConfig.Error()+": "))
+	}
+	return mh, closeOpened, nil
+}
+
+// serveUI serves h on listen until ctx ends, saying where (and what: desc).
+func serveUI(ctx context.Context, m *Main, h http.Handler, listen, desc string, printToken bool, token string, readOnly bool) error {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
-	fmt.Fprintf(m.Stdout, "delayq ui: serving http://%s/ (schema %s, prefix %s)\n", ln.Addr(), schema, prefix)
+	fmt.Fprintf(m.Stdout, "delayq ui: serving http://%s/ (%s)\n", ln.Addr(), desc)
 	if printToken {
-		fmt.Fprintf(m.Stdout, "delayq ui: token for actions (log in at http://%s/login): %s\n", ln.Addr(), cfg.Token)
+		fmt.Fprintf(m.Stdout, "delayq ui: token for actions (log in at http://%s/login): %s\n", ln.Addr(), token)
 	}
-	if *readOnly {
+	if readOnly {
 		fmt.Fprintln(m.Stdout, "delayq ui: read-only: no action is served")
 	}
 	errc := make(chan error, 1)

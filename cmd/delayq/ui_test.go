@@ -16,6 +16,7 @@ import (
 	"github.com/delayq/delayq/internal/dispatch"
 	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/taskstate"
+	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/outbox"
 )
 
@@ -147,5 +148,96 @@ func TestDemoUI(t *testing.T) {
 			t.Fatalf("the demo's dashboard never showed charge tasks done:\n%s", page)
 		}
 		time.Sleep(200 * time.Millisecond) // the demo's workload runs on its own clock
+	}
+}
+
+// delayq ui --database KEY=URL (repeated) serves one dashboard over the
+// databases: the overview with each one's queues and the total, each database's
+// own pages under /db/KEY/, actions behind the token; bad values are usage
+// errors in one line.
+func TestUISeveralDatabases(t *testing.T) {
+	t.Parallel()
+	b := newCLIBundle(t)
+	usURL := testenv.PostgresURL(t)
+	us := testenv.Pool(t, usURL)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := func(queue, id string) outbox.Task {
+		return outbox.Task{Queue: queue, ID: id, Payload: []byte(`{}`), Delay: time.Hour}
+	}
+	if _, err := ob.EnqueueMany(ctx, b.pool, []outbox.Task{task("pay", "p1"), task("pay", "p2"), task("pay", "p3")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ob.EnqueueMany(ctx, us, []outbox.Task{task("pay", "p1"), task("mail", "m1")}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"REDIS_URL": b.env["REDIS_URL"], uiTokenEnv: "cli-token-0123456789abcdef"}
+	base := startUI(t, env, "--prefix", b.prefix, "--database", "eu1="+b.env["DATABASE_URL"], "--database", "us1="+usURL)
+	get := func(path string) (*http.Response, string) {
+		t.Helper()
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %s\n%s", path, resp.Status, body)
+		}
+		if !strings.Contains(resp.Header.Get("Content-Security-Policy"), "default-src 'none'") {
+			t.Errorf("GET %s: no CSP", path)
+		}
+		return resp, string(body)
+	}
+	_, page := get("/")
+	pending := regexp.MustCompile(`data-count="pending">(\d+)<`)
+	for marker, want := range map[string]string{`<tr data-db="eu1" data-queue="pay">`: "3", `<tr data-db="us1" data-queue="pay">`: "1",
+		`<tr data-db="us1" data-queue="mail">`: "1", `data-total data-queue="pay">`: "4", `data-total-all>`: "5"} {
+		start := strings.Index(page, marker)
+		if start < 0 {
+			t.Errorf("the overview has no row %s\n%s", marker, page)
+			continue
+		}
+		if m := pending.FindStringSubmatch(page[start:]); m == nil || m[1] != want {
+			t.Errorf("row %s: pending %v, want %s", marker, m, want)
+		}
+	}
+	if strings.Contains(page, `data-db="eu1" data-queue="mail"`) {
+		t.Error("eu1 has a mail row")
+	}
+	if _, body := get("/db/us1/"); !strings.Contains(body, `<tr data-queue="mail">`) || strings.Contains(body, `data-count="pending" href="/db/us1/tasks?queue=pay&amp;state=pending">3<`) {
+		t.Errorf("us1's queues page:\n%s", body)
+	}
+	if _, body := get("/db/eu1/task?queue=pay&id=p3"); !strings.Contains(body, `id="pg-state" class="state pending"`) {
+		t.Errorf("eu1's task p3:\n%s", body)
+	}
+	resp, err := http.Post(base+"/db/eu1/action/pause", "application/x-www-form-urlencoded", strings.NewReader("queue=pay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("pause without the token: %s", resp.Status)
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--database", "EU=postgres://u:s3cret@h/db"}, "bad --database: value 1: key"},
+		{[]string{"--database", "eu1=postgres://h/db", "--database", "eu1=postgres://h2/db"}, `key "eu1" given twice`},
+		{[]string{"--database", "eu1=" + usURL, "--database-url", usURL}, "drop --database-url"},
+		{[]string{"--database", "eu1=" + usURL, "--demo"}, "drop --database"},
+	} {
+		r := cliRun(t, env, append([]string{"ui", "--listen", "127.0.0.1:0"}, c.args...)...)
+		r.want(t, exitUsage)
+		r.oneLineErr(t, c.want)
+		if strings.Contains(r.stderr, "s3cret") {
+			t.Errorf("the password in %q", r.stderr)
+		}
 	}
 }

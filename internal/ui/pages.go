@@ -40,6 +40,11 @@ type page struct {
 	Flash, Error string
 	Now          time.Time
 	Data         any
+	// Several databases (multi.go): DB is the key of the database this page
+	// is of, Home the overview's path ("" for a dashboard of its own), and
+	// Overview marks the overview itself.
+	DB, Home string
+	Overview bool
 }
 
 // flashes are the messages an action's redirect may ask for (?ok=code): a fixed
@@ -62,7 +67,7 @@ func (h *Handler) newPage(r *http.Request, who string) *page {
 		Base: h.cfg.BasePath, Who: who, CSRF: h.csrfFor(who), User: strings.TrimPrefix(who, "basic:"),
 		CanAct: who != "" && !h.cfg.ReadOnly, ReadOnly: h.cfg.ReadOnly, HidePayloads: h.cfg.HidePayloads,
 		NeedsLogin: who == "" && !h.cfg.ReadOnly, TokenLogin: h.cfg.Token != "",
-		Now: time.Now(),
+		Now: time.Now(), DB: h.dbKey, Home: h.home,
 	}
 	if msg, ok := flashes[r.URL.Query().Get("ok")]; ok {
 		p.Flash = msg
@@ -121,7 +126,7 @@ func short(d time.Duration) string {
 
 func parseTemplates() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
-	for _, name := range []string{"queues", "tasks", "task", "consistency", "login", "confirm", "error", "workers", "schedules", "notmigrated", "bulk"} {
+	for _, name := range []string{"queues", "tasks", "task", "consistency", "login", "confirm", "error", "workers", "schedules", "notmigrated", "bulk", "overview"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("ui: template %s: %w", name, err)
@@ -192,26 +197,32 @@ type keyRuns struct {
 // keyRunsShown is the most keys a queue's row lists: the busiest.
 const keyRunsShown = 20
 
-func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
-	ctx, cancel := ctxOf(r)
-	defer cancel()
-	// Every registered queue is listed, with or without rows: those of the outbox
-	// and of Redis's registry (where a worker registers the queues it serves), and
-	// those with controls (paused or limited before their first task).
+// queueStats reads every registered queue's counts, with or without rows:
+// those of the outbox and of Redis's registry (where a worker registers the
+// queues it serves), and those with controls (paused or limited before their
+// first task); and Postgres's pause flag and cap of runs per key of each.
+func (h *Handler) queueStats(ctx context.Context) (st []reconcile.QueueStats, paused map[string]bool, keyCap map[string]int, err error) {
 	ctls, err := h.queues.List(ctx)
 	if err != nil {
-		h.fail(w, p, http.StatusBadGateway, err)
-		return
+		return nil, nil, nil, err
 	}
 	opts := h.opts
-	paused := map[string]bool{}
-	keyCap := map[string]int{}
+	paused, keyCap = map[string]bool{}, map[string]int{}
 	for _, c := range ctls {
 		paused[c.Queue] = c.Paused
 		keyCap[c.Queue] = c.KeyConcurrency
 		opts.AlsoQueues = append(opts.AlsoQueues, c.Queue)
 	}
-	st, err := reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, opts)
+	if st, err = reconcile.Stats(ctx, h.cfg.DB, h.cfg.Redis, opts); err != nil {
+		return nil, nil, nil, err
+	}
+	return st, paused, keyCap, nil
+}
+
+func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
+	ctx, cancel := ctxOf(r)
+	defer cancel()
+	st, paused, keyCap, err := h.queueStats(ctx)
 	if err != nil {
 		h.fail(w, p, http.StatusBadGateway, err)
 		return
@@ -250,11 +261,17 @@ func (h *Handler) queuesPage(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 	}
 	p.Title = "Queues"
+	h.setRefresh(r, p)
+	h.render(w, p, "queues", rows)
+}
+
+// setRefresh sets how often a page of counts reloads: Config.Refresh, or
+// ?refresh=N (seconds, up to an hour).
+func (h *Handler) setRefresh(r *http.Request, p *page) {
 	p.Refresh = int(h.cfg.Refresh / time.Second)
 	if v, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && v >= 0 && v <= 3600 {
 		p.Refresh = v
 	}
-	h.render(w, p, "queues", rows)
 }
 
 // keyRuns reads queue's runs holding a slot per concurrency key, busiest

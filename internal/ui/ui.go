@@ -117,6 +117,11 @@ type Handler struct {
 
 	mu        sync.Mutex
 	lastCheck *checkResult
+
+	// Set by NewMulti on a database's own dashboard (multi.go): its key,
+	// shown on every page, and the overview's path, where the session cookie
+	// lives (one login for every database). Both "" on a dashboard of its own.
+	dbKey, home string
 }
 
 const (
@@ -130,6 +135,26 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.DB == nil || cfg.Redis == nil || cfg.Outbox == nil {
 		return nil, fmt.Errorf("%w: DB, Redis and Outbox are required", ErrInvalidConfig)
 	}
+	h, err := newBase(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ocfg := cfg.Outbox.Config()
+	tcfg := taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}
+	h.browse, h.deps = taskstate.NewBrowser(tcfg), taskstate.NewDepsReader(tcfg)
+	h.opts = reconcile.Options{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}
+	h.sched = schedrun.NewActions(cfg.Outbox)
+	h.ops = transition.New(taskstate.New(tcfg), cfg.Redis)
+	if h.queues, err = queuectl.New(cfg.DB, cfg.Redis, ocfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	h.routes()
+	return h, nil
+}
+
+// newBase checks cfg's credentials and options and builds what every page
+// needs, stores apart: the templates, the CSRF key, the session.
+func newBase(cfg Config) (*Handler, error) {
 	if !cfg.ReadOnly && cfg.Token == "" && cfg.BasicUser == "" {
 		return nil, fmt.Errorf("%w: actions need a Token or basic credentials (or ReadOnly)", ErrInvalidConfig)
 	}
@@ -155,31 +180,17 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	ocfg := cfg.Outbox.Config()
-	h := &Handler{
-		cfg:     cfg,
-		browse:  taskstate.NewBrowser(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}),
-		deps:    taskstate.NewDepsReader(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}),
-		opts:    reconcile.Options{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel},
-		sched:   schedrun.NewActions(cfg.Outbox),
-		csrfKey: make([]byte, 32),
-		cop:     http.NewCrossOriginProtection(),
-	}
-	h.ops = transition.New(taskstate.New(taskstate.Config{Schema: ocfg.Schema, NotifyChannel: ocfg.NotifyChannel}), cfg.Redis)
+	h := &Handler{cfg: cfg, csrfKey: make([]byte, 32), cop: http.NewCrossOriginProtection()}
 	if _, err := rand.Read(h.csrfKey); err != nil {
 		return nil, err
-	}
-	var err error
-	if h.queues, err = queuectl.New(cfg.DB, cfg.Redis, ocfg.Schema); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if cfg.Token != "" {
 		h.session = mac([]byte(cfg.Token), "delayq-ui-session-v1")
 	}
+	var err error
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}
-	h.routes()
 	return h, nil
 }
 
@@ -191,13 +202,7 @@ func mac(key []byte, msg string) string {
 
 func (h *Handler) routes() {
 	b := h.cfg.BasePath
-	mux := http.NewServeMux()
-	static, _ := fs.Sub(staticFS, "static")
-	fileServer := http.StripPrefix(b+"/static/", http.FileServer(http.FS(static)))
-	mux.Handle("GET "+b+"/static/", fileServer)
-	mux.HandleFunc("GET "+b+"/favicon.ico", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, b+"/static/favicon.svg", http.StatusMovedPermanently)
-	})
+	mux := h.baseMux()
 	mux.HandleFunc("GET "+b+"/{$}", h.reads(h.queuesPage))
 	mux.HandleFunc("GET "+b+"/tasks", h.reads(h.tasksPage))
 	mux.HandleFunc("GET "+b+"/task", h.reads(h.taskPage))
@@ -205,9 +210,6 @@ func (h *Handler) routes() {
 	mux.HandleFunc("GET "+b+"/consistency", h.reads(h.consistencyPage))
 	mux.HandleFunc("GET "+b+"/workers", h.reads(h.workersPage))
 	mux.HandleFunc("GET "+b+"/schedules", h.reads(h.schedulesPage))
-	mux.HandleFunc("GET "+b+"/login", h.loginPage)
-	mux.HandleFunc("POST "+b+"/login", h.login)
-	mux.HandleFunc("POST "+b+"/logout", h.logout)
 	if !h.cfg.ReadOnly {
 		for name, fn := range map[string]func(http.ResponseWriter, *http.Request, *page){
 			"cancel": h.actCancel, "reschedule": h.actReschedule, "run-now": h.actRunNow,
@@ -222,9 +224,41 @@ func (h *Handler) routes() {
 	h.mux = mux
 }
 
+// baseMux serves what every dashboard has, stores apart: the stylesheet and
+// icon, and the login and logout.
+func (h *Handler) baseMux() *http.ServeMux {
+	b := h.cfg.BasePath
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	fileServer := http.StripPrefix(b+"/static/", http.FileServer(http.FS(static)))
+	mux.Handle("GET "+b+"/static/", fileServer)
+	mux.HandleFunc("GET "+b+"/favicon.ico", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, b+"/static/favicon.svg", http.StatusMovedPermanently)
+	})
+	mux.HandleFunc("GET "+b+"/login", h.loginPage)
+	mux.HandleFunc("POST "+b+"/login", h.login)
+	mux.HandleFunc("POST "+b+"/logout", h.logout)
+	return mux
+}
+
+// cookiePath is where the session cookie lives: the dashboard's own path, or
+// the overview's when it is one database's of several (one login for all).
+func (h *Handler) cookiePath() string {
+	if h.home != "" {
+		return h.home
+	}
+	return h.cfg.BasePath + "/"
+}
+
 // ServeHTTP serves the dashboard with its security headers, behind net/http's
 // cross-origin protection.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.headers(w, r)
+	h.cop.Handler(h.mux).ServeHTTP(w, r)
+}
+
+// headers sets the security headers of every response.
+func (h *Handler) headers(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; "+
 		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -237,7 +271,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, h.cfg.BasePath+"/static/") {
 		hd.Set("Cache-Control", "no-store")
 	}
-	h.cop.Handler(h.mux).ServeHTTP(w, r)
 }
 
 // principal names who is authenticated ("" for nobody): "token" or "basic:user".
@@ -354,13 +387,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.render(w, p, "login", nil)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: h.session, Path: h.cfg.BasePath + "/",
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: h.session, Path: h.cookiePath(),
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
 	http.Redirect(w, r, h.cfg.BasePath+"/", http.StatusSeeOther)
 }
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: h.cfg.BasePath + "/",
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: h.cookiePath(),
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: -1})
 	http.Redirect(w, r, h.cfg.BasePath+"/", http.StatusSeeOther)
 }
