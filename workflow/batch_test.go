@@ -506,3 +506,38 @@ func TestReleaseNotifiesRelay(t *testing.T) {
 		}
 	}
 }
+
+// A task that waits on a batch's callback and on that batch's last child:
+// cancelling it cancels the three in one transaction. The child's cancel
+// finishes the batch, whose callback the same cancel takes: the callback is
+// cancelled, not released, and nothing fails (it did, with "tuple to be
+// updated was already modified by an operation triggered by the current
+// command").
+func TestCancelWalkHoldsBatchCallbackAndLastChild(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	kids := children("q", "k", 2)
+	b.batch(t, outbox.Task{Queue: "q", ID: "cb"}, kids)
+	b.work(t, kids[0].ID, delayq.OutcomeSucceeded)
+	b.tx(t, func(tx pgx.Tx) error {
+		_, err := b.wf.Enqueue(ctx, tx, outbox.Task{Queue: "q", ID: "after"}, workflow.On("q", "cb"), workflow.On("q", kids[1].ID))
+		return err
+	})
+	var n int
+	b.tx(t, func(tx pgx.Tx) (err error) {
+		n, err = b.wf.Cancel(ctx, tx, "q", "after")
+		return err
+	})
+	if n != 3 {
+		t.Errorf("cancelled %d, want 3 (the last child, the callback, the task after them)", n)
+	}
+	for _, id := range []string{kids[1].ID, "cb", "after"} {
+		if r := b.row(t, "q", id); r.state != delayqtype.StateCancelled {
+			t.Errorf("%s: %+v, want cancelled", id, r)
+		}
+	}
+	if c := b.counts(t, "q", "cb"); c.Remaining != 0 || c.Done != 1 || c.Cancelled != 1 {
+		t.Errorf("batch counts %+v, want 1 done, 1 cancelled, none remaining", c)
+	}
+}
