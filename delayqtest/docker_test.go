@@ -26,6 +26,9 @@ func TestServersInDocker(t *testing.T) {
 		dockerChild(t)
 		return
 	}
+	if testing.Short() {
+		t.Skip("a test process of its own with servers of its own: make test runs it")
+	}
 	state := fakedocker.Install(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServersInDocker$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "DELAYQ_DOCKER_CHILD=1", "DELAYQ_TEST_SERVERS=docker",

@@ -173,6 +173,9 @@ func TestDevCommand(t *testing.T) {
 	// removed when dev stops.
 	t.Run("in Docker", func(t *testing.T) {
 		t.Parallel()
+		if testing.Short() {
+			t.Skip("two more servers: make test runs it")
+		}
 		env, state := fakedocker.Setup(t)
 		// The fake's servers keep their files in a TMPDIR of their own (the
 		// environment's last TMPDIR wins): "throwaway" counts the files in tmp.
