@@ -147,7 +147,7 @@ func load(state, id string) (container, error) {
 	var c container
 	b, err := os.ReadFile(filepath.Join(state, id+".json"))
 	if err != nil {
-		return c, fmt.Errorf("Error response from daemon: No such container: %s", id)
+		return c, fmt.Errorf("fakedocker: no such container: %s", id)
 	}
 	return c, json.Unmarshal(b, &c)
 }
