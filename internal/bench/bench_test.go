@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/delayq/delayq/internal/testenv"
@@ -46,7 +47,9 @@ func TestWorkloads(t *testing.T) {
 				t.Fatalf("%s: no figures", name)
 			}
 			for _, f := range res.Figures {
-				if f.Value < 0 {
+				// An overhead is a difference: at this size, noise may make it
+				// negative (the keyed claims cheaper than the plain ones).
+				if f.Value < 0 && !strings.HasSuffix(f.Name, "_overhead") {
 					t.Errorf("%s: %s = %v", name, f.Name, f.Value)
 				}
 			}
