@@ -52,9 +52,16 @@ func finish(ctx context.Context, b *bundle, iso pgx.TxIsoLevel, state string, id
 			for i, id := range ids {
 				vs[i] = version[id]
 			}
-			if state == "group" {
+			switch state {
+			case "group":
 				_, err = tx.Exec(ctx, shardStatements.GuardGroup, qs, ids, vs, clear, clear)
-			} else {
+			case "reap": // the reaper's: out of attempts after a lost lease
+				attempts, errs := make([]int32, len(ids)), make([]string, len(ids))
+				for i := range ids {
+					attempts[i], errs[i] = 25, "lease expired"
+				}
+				_, err = tx.Exec(ctx, shardStatements.MarkDead, qs, ids, vs, attempts, errs)
+			default:
 				_, err = tx.Exec(ctx, shardStatements.GuardMany, qs, ids, vs, clear)
 			}
 			return err
@@ -70,9 +77,10 @@ func finish(ctx context.Context, b *bundle, iso pgx.TxIsoLevel, state string, id
 // The children of several batches, each spread over its shards (1 to 16),
 // finish in a random order from eight goroutines: one at a time under READ
 // COMMITTED and under REPEATABLE READ (a serialization failure retried), and
-// groups of twelve across batches and shards in one statement (GuardMany and
-// GuardGroup, which lock their shards sorted: no deadlock). Each callback is released
-// exactly once, and the counts are the children's states.
+// groups of twelve across batches and shards in one statement (GuardMany,
+// GuardGroup and the reaper's MarkDead, which lock their shards sorted: no
+// deadlock). Each callback is released exactly once, and the counts are the
+// children's states.
 func TestBatchShardsRace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -109,8 +117,11 @@ func TestBatchShardsRace(t *testing.T) {
 		case i%5 == 0:
 			k := min(i+12, len(keys))
 			st := "done"
-			if i%10 == 0 {
+			switch {
+			case i%10 == 0:
 				st = "group"
+			case i%20 == 5:
+				st = "reap"
 			}
 			work <- item{pgx.ReadCommitted, st, keys[i:k]}
 			i = k

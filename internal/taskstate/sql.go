@@ -671,30 +671,45 @@ WHERE queue = $1 AND task_id = $2 AND version = $3 AND state IN ('pending', 'que
 		// ctids TakeDue returned; they wait for a person like any dead task. The
 		// relay runs no application code: the rows are marked for their OnDead
 		// hook (hook_due), and the workers sweeping their queues are notified at
-		// the round's commit. Returns the count of rows and of notifications.
-		MarkInvalid: fmt.Sprintf(`WITH upd AS (
-	UPDATE %s
+		// the round's commit. A batch child's shard is locked first, sorted, as
+		// the guards lock it (lockBatchShards). Returns the count of rows and of
+		// notifications.
+		MarkInvalid: fmt.Sprintf(`WITH locked AS (
+	SELECT ctid, batch_id, batch_shard FROM %[1]s WHERE ctid = ANY($1::tid[]) FOR UPDATE
+), shards AS MATERIALIZED (`+lockBatchShards+`), upd AS (
+	UPDATE %[1]s
 	SET state = 'dead', last_error = ($2::text[])[array_position($1::tid[], ctid)], done_at = now(), hook_due = now()
+	FROM shards
 	WHERE ctid = ANY($1::tid[])
 	RETURNING queue
 )
-SELECT (SELECT count(*) FROM upd), %s`, table, notifyHook),
+SELECT (SELECT count(*) FROM upd), %[2]s`, table, notifyHook, cfg.lockBatchShardsFunc()),
 
 		// $1 queues, $2 task ids, $3 versions, $4 attempts, $5 errors: tasks the
 		// reaper found out of attempts. The guard leaves finished rows and newer
 		// versions (a reschedule) alone. The rows are marked for their OnDead hook
 		// (hook_due), and the workers sweeping their queues are notified at commit.
-		// Returns the keys it marked dead.
-		MarkDead: fmt.Sprintf(`WITH upd AS (
-	UPDATE %s AS o
-	SET state = 'dead', last_error = u.err, attempt = GREATEST(o.attempt, u.attempt), done_at = now(), hook_due = now(),
-	    attempt_log = `+logAppend("o.attempt_log", `u.attempt, u.version, 'lease_expired', NULL::text, NULL::text`)+`
-	FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
-	WHERE o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
-	  AND o.state IN ('pending', 'queued')
+		// As GuardMany, the rows are locked in key order and the shards of the
+		// batch children among them sorted, before the update (lockBatchShards):
+		// a reap and a group commit of one batch wait for each other, never
+		// deadlock. Returns the keys it marked dead.
+		MarkDead: fmt.Sprintf(`WITH locked AS (
+	SELECT o.queue, o.task_id, u.version, u.attempt, u.err, o.batch_id, o.batch_shard
+	FROM %[1]s o
+	JOIN unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::text[]) AS u(queue, task_id, version, attempt, err)
+	  ON o.queue = u.queue AND o.task_id = u.task_id AND o.version = u.version
+	WHERE o.state IN ('pending', 'queued')
+	ORDER BY o.queue COLLATE "C", o.task_id COLLATE "C"
+	FOR UPDATE OF o
+), shards AS MATERIALIZED (`+lockBatchShards+`), upd AS (
+	UPDATE %[1]s AS o
+	SET state = 'dead', last_error = l.err, attempt = GREATEST(o.attempt, l.attempt), done_at = now(), hook_due = now(),
+	    attempt_log = `+logAppend("o.attempt_log", `l.attempt, l.version, 'lease_expired', NULL::text, NULL::text`)+`
+	FROM locked l, shards
+	WHERE o.queue = l.queue AND o.task_id = l.task_id
 	RETURNING o.queue, o.task_id
 )
-SELECT queue, task_id, %s FROM upd`, table, notifyHook),
+SELECT queue, task_id, %[2]s FROM upd`, table, notifyHook, cfg.lockBatchShardsFunc()),
 
 		// $1 queues with a hook. The next marked dead row of those queues whose
 		// hook is due, locked (rows another worker's sweep holds are skipped) and
@@ -915,13 +930,14 @@ const (
 	ConflictDebounce = 3
 )
 
-// lockBatchShards is the body of GuardMany's and GuardGroup's CTE shards: the
-// shard rows (migration 00030) of the batch children among the rows locked,
-// locked sorted before the update by delayq_lock_batch_shards. The update's
-// trigger (delayq_outbox_batch) updates them in the update's order, which
-// another such statement may take in another: without this, two group commits
-// of one batch could deadlock. With no batch child among the rows the function
-// gets NULL arrays and never reads the shards' table, so a role that finishes no
+// lockBatchShards is the body of the CTE shards of GuardMany, GuardGroup,
+// MarkDead and MarkInvalid: the shard rows (migration 00030) of the batch
+// children among the rows locked, locked sorted before the update by
+// delayq_lock_batch_shards. The update's trigger (delayq_outbox_batch) updates
+// them in the update's order, which another such statement may take in
+// another: without this, two group commits of one batch, or a reap and a group
+// commit, could deadlock. With no batch child among the rows the function gets
+// NULL arrays and never reads the shards' table, so a role that finishes no
 // batch child needs no privilege on it. %[3]s is the function.
 const lockBatchShards = `
 	SELECT %[3]s(array_agg(batch_id ORDER BY batch_id, batch_shard), array_agg(batch_shard ORDER BY batch_id, batch_shard))
