@@ -96,6 +96,9 @@ type model struct {
 	wf      *workflow.Client
 	wfTasks map[key]*mdep
 	wfOrder []*mdep
+	// chains are the chains opWorkflow enqueued, each in order: a model task,
+	// then its dependents (opChainCancel).
+	chains [][]key
 	// The batches (model_batch_test.go), by their callback.
 	batches    map[key]*mbatch
 	batchOrder []*mbatch
@@ -184,6 +187,7 @@ func (m *model) generate(ctx context.Context, d time.Duration) {
 		{"workflow", 12, m.opWorkflow},
 		{"batch", 5, m.opBatch},
 		{"batch-cancel", 2, m.opBatchCancel},
+		{"chain-cancel", 2, m.opChainCancel},
 		{"keyed", 8, m.opKeyed},
 		{"replace", 5, m.opReplace},
 		{"debounce-burst", 3, m.opDebounceBurst},

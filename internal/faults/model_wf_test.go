@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,6 +54,9 @@ type mdep struct {
 	version int
 	at      time.Time
 	log     []string
+	// cancelXids are the transactions of the chain cancels that cancelled it
+	// (opChainCancel): it may leave waiting for cancelled in one of them.
+	cancelXids []string
 }
 
 func (d *mdep) key() key { return key{d.q, d.id} }
@@ -125,10 +129,12 @@ func (m *model) opWorkflow(ctx context.Context) {
 		return d, nil
 	}
 	var desc string
+	var chain []key
 	if m.rng.IntN(4) == 0 {
 		// A chain: each link a dependent of the one before.
 		p := m.policy()
 		prev := newTask()
+		chain = append(chain, prev)
 		n := 1 + m.rng.IntN(3)
 		for range n {
 			d, err := dependent([]workflow.Dependency{{Queue: prev.queue, ID: prev.id, OnFailure: p}})
@@ -136,6 +142,7 @@ func (m *model) opWorkflow(ctx context.Context) {
 				m.s.t.Fatalf("chain: %v", err)
 			}
 			prev = d.key()
+			chain = append(chain, prev)
 		}
 		desc = fmt.Sprintf("chain of %d after %s, policy %s", n, news[0].key(), p)
 	} else {
@@ -180,7 +187,85 @@ func (m *model) opWorkflow(ctx context.Context) {
 		m.wfOrder = append(m.wfOrder, d)
 		d.log = append(d.log, fmt.Sprintf("%7.3fs enqueued %s on %v", time.Since(m.start).Seconds(), d.state, d.deps))
 	}
+	if chain != nil {
+		m.chains = append(m.chains, chain)
+	}
 	m.logf(nil, "workflow: %s", desc)
+}
+
+// opChainCancel cancels a chain (workflow.Client.Cancel on one of its links):
+// in one transaction, the links connected to it by edges still waiting. A
+// dependent it cancels leaves waiting for cancelled in that transaction, which
+// the checker accepts there alone; the first link, a model task, is known
+// cancelled from then on. The other invariants hold as for any cancel: no run
+// before leaving waiting, no effect of a cancelled task, the dependents of a
+// cancelled link outside the chain settled as their policies say.
+func (m *model) opChainCancel(ctx context.Context) {
+	if len(m.chains) == 0 {
+		return
+	}
+	// One of the last three: an older chain has most often run to its end.
+	links := m.chains[len(m.chains)-1-m.rng.IntN(min(3, len(m.chains)))]
+	via := links[m.rng.IntN(len(links))]
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tx, err := m.s.admin.Begin(ctx)
+	if err != nil {
+		m.s.t.Fatalf("begin: %v", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after the commit
+	var xid string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+		m.s.t.Fatalf("xid: %v", err)
+	}
+	n, err := m.wf.Cancel(ctx, tx, via.queue, via.id)
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		m.logf(nil, "chain cancel via %s: not found (pruned or purged)", via)
+		return
+	case err != nil:
+		m.s.t.Fatalf("chain cancel via %s: %v", via, err)
+	}
+	states := map[key]string{}
+	rs, err := tx.Query(ctx, `SELECT queue, task_id, state FROM delayq_outbox WHERE (queue, task_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
+		keyQueues(links), keyIDs(links))
+	if err != nil {
+		m.s.t.Fatalf("read the chain: %v", err)
+	}
+	var (
+		k  key
+		st string
+	)
+	if _, err := pgx.ForEachRow(rs, []any{&k.queue, &k.id, &st}, func() error { states[k] = st; return nil }); err != nil {
+		m.s.t.Fatalf("read the chain: %v", err)
+	}
+	cutAt := time.Now() // before the commit, as reschedule's
+	if err := tx.Commit(ctx); err != nil {
+		m.s.t.Fatalf("commit chain cancel: %v", err)
+	}
+	for _, k := range links {
+		st, ok := states[k]
+		if !ok || st != string(delayqtype.StateCancelled) {
+			continue
+		}
+		if t := m.tasks[k]; t != nil {
+			switch t.k {
+			case kOpen, kMaybeGone:
+				t.k = kCancelled
+				t.cuts = append(t.cuts, leaseCut{cutAt, t.inc, t.version + 1})
+				m.logf(t, "chain cancel via %s: cancelled (version %d)", via, t.version)
+			case kDone:
+				m.violation(t, "chain cancel via %s: cancelled, but known done", via)
+			}
+			continue
+		}
+		if d := m.wfTasks[k]; d != nil {
+			d.cancelXids = append(d.cancelXids, xid)
+			d.log = append(d.log, fmt.Sprintf("%7.3fs chain cancel via %s in xid %s (%d cancelled)", time.Since(m.start).Seconds(), via, xid, n))
+		}
+	}
+	m.ops["(chain-cancel tasks)"] += n
+	m.logf(nil, "chain cancel via %s: %d cancelled", via, n)
 }
 
 // transition is one row of model_transitions.
@@ -210,7 +295,7 @@ func (m *model) checkWorkflows(ctx context.Context, v *violations, rows map[key]
 		m.s.t.Fatal(err)
 	}
 	finished := func(s string) bool { return s == "done" || s == "dead" || s == "cancelled" }
-	released, failed := 0, 0
+	released, failed, chainCancelled := 0, 0, 0
 	for _, d := range m.wfOrder {
 		bad := func(format string, args ...any) {
 			hist := "\n      history: " + strings.Join(d.log, "\n               ")
@@ -291,8 +376,10 @@ func (m *model) checkWorkflows(ctx context.Context, v *violations, rows map[key]
 				}
 			}
 		}
-		switch out.new {
-		case string(delayqtype.StatePending):
+		switch {
+		case out.new == string(delayqtype.StateCancelled) && slices.Contains(d.cancelXids, out.xid):
+			chainCancelled++ // by a chain cancel, in its transaction
+		case out.new == string(delayqtype.StatePending):
 			released++
 			if !inOut {
 				bad("released in transaction %s, which finished none of its dependencies", out.xid)
@@ -302,7 +389,7 @@ func (m *model) checkWorkflows(ctx context.Context, v *violations, rows map[key]
 					bad("released although %s ended %s with policy %s", f.key, f.t.new, f.policy)
 				}
 			}
-		case string(delayqtype.StateDead), string(delayqtype.StateCancelled):
+		case out.new == string(delayqtype.StateDead) || out.new == string(delayqtype.StateCancelled):
 			failed++
 			want := workflow.Fail
 			if out.new == string(delayqtype.StateCancelled) {
@@ -337,6 +424,7 @@ func (m *model) checkWorkflows(ctx context.Context, v *violations, rows map[key]
 	}
 	m.ops["(wf released)"] += released
 	m.ops["(wf failed or skipped)"] += failed
+	m.ops["(wf chain-cancelled)"] += chainCancelled
 }
 
 // checkResults checks the stored results (set-result): a row holds one exactly
