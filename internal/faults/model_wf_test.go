@@ -204,11 +204,21 @@ func (m *model) opChainCancel(ctx context.Context) {
 	if len(m.chains) == 0 {
 		return
 	}
-	// One of the last three: an older chain has most often run to its end.
-	links := m.chains[len(m.chains)-1-m.rng.IntN(min(3, len(m.chains)))]
-	via := links[m.rng.IntN(len(links))]
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// The newest of the last five whose last link still waits (most chains run
+	// to their end within a second or two), else one of the last three.
+	links := m.chains[len(m.chains)-1-m.rng.IntN(min(3, len(m.chains)))]
+	for i := len(m.chains) - 1; i >= max(0, len(m.chains)-5); i-- {
+		last := m.chains[i][len(m.chains[i])-1]
+		var st string
+		err := m.s.admin.QueryRow(ctx, `SELECT state FROM delayq_outbox WHERE queue = $1 AND task_id = $2`, last.queue, last.id).Scan(&st)
+		if err == nil && st == string(delayqtype.StateWaiting) {
+			links = m.chains[i]
+			break
+		}
+	}
+	via := links[m.rng.IntN(len(links))]
 	tx, err := m.s.admin.Begin(ctx)
 	if err != nil {
 		m.s.t.Fatalf("begin: %v", err)
