@@ -202,14 +202,17 @@ func TestRoundsKeepTheirConnection(t *testing.T) {
 	b.commitNow(t, b.ob, "warm", "a")
 	b.waitReady(t, 10*time.Second, "warm", "a")
 
-	// A steady stream: a notification every 25ms at most, follow-up rounds between.
+	// A stream of one task at a time, each in Redis before the next commits:
+	// a round that moved rows a task at least, however slow the machine (a
+	// burst of 200 commits was moved in 6 rounds on a loaded CI machine, too
+	// few to tell), follow-up rounds between.
 	before := pool.Stat().AcquireCount()
 	ids := make([]string, 200)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("t%03d", i)
 		b.commitNow(t, b.ob, "q", ids[i])
+		b.waitReady(t, 10*time.Second, "q", ids[:i+1]...)
 	}
-	b.waitReady(t, 10*time.Second, "q", ids...)
 	acquired := pool.Stat().AcquireCount() - before
 	rounds := rl.metric(t, "delayq_relay_batch_duration_seconds")
 	t.Logf("%v rounds moved rows, %d acquires from the pool", rounds, acquired)
