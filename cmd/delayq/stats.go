@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/delayq/delayq/delayqtype"
 	"github.com/delayq/delayq/internal/reconcile"
@@ -162,35 +160,12 @@ func runStatsOf(ctx context.Context, m *Main, o *statsOptions) error {
 	return tw.Flush()
 }
 
-// totalStats sums each queue's figures over the databases, in queue order: the
-// counts added, the ages the largest, estimated if any part is.
+// totalStats sums each queue's figures over the databases (reconcile.TotalStats).
 func totalStats(per []databaseStats) []reconcile.QueueStats {
-	byQueue := map[string]*reconcile.QueueStats{}
-	for _, d := range per {
-		for _, s := range d.Queues {
-			t := byQueue[s.Queue]
-			if t == nil {
-				t = &reconcile.QueueStats{Queue: s.Queue, Postgres: map[delayqtype.State]int64{}}
-				byQueue[s.Queue] = t
-			}
-			for st, n := range s.Postgres {
-				t.Postgres[st] += n
-			}
-			t.Estimated = t.Estimated || s.Estimated
-			t.Ready += s.Ready
-			t.DueNow += s.DueNow
-			t.Active += s.Active
-			t.ExpiredLeases += s.ExpiredLeases
-			t.Dead += s.Dead
-			t.Overdue += s.Overdue
-			t.OldestPendingAge = max(t.OldestPendingAge, s.OldestPendingAge)
-			t.OldestDueLateness = max(t.OldestDueLateness, s.OldestDueLateness)
-		}
+	queues := make([][]reconcile.QueueStats, len(per))
+	for i, d := range per {
+		queues[i] = d.Queues
 	}
-	out := make([]reconcile.QueueStats, 0, len(byQueue))
-	for _, t := range byQueue {
-		out = append(out, *t)
-	}
-	slices.SortFunc(out, func(a, b reconcile.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
-	return out
+	total, _ := reconcile.TotalStats(queues)
+	return total
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 
@@ -160,49 +159,11 @@ func (m *Multi) overviewPage(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 		per = append(per, st)
 	}
-	data.Total, data.All = totalStats(per)
+	data.Total, data.All = reconcile.TotalStats(per)
 	p.Title, p.Overview = "Databases", true
 	if len(data.Missing) > 0 {
 		p.Error = "Not in the total, their figures unread: " + strings.Join(data.Missing, ", ") + "."
 	}
 	m.root.setRefresh(r, p)
 	m.root.render(w, p, "overview", data)
-}
-
-// totalStats sums each queue over the databases (the ages: the largest), by
-// queue name, and every queue into one.
-func totalStats(per [][]reconcile.QueueStats) ([]reconcile.QueueStats, reconcile.QueueStats) {
-	byQueue := map[string]*reconcile.QueueStats{}
-	all := reconcile.QueueStats{Postgres: map[delayqtype.State]int64{}}
-	add := func(t *reconcile.QueueStats, s reconcile.QueueStats) {
-		for st, n := range s.Postgres {
-			t.Postgres[st] += n
-		}
-		t.Estimated = t.Estimated || s.Estimated
-		t.Ready += s.Ready
-		t.DueNow += s.DueNow
-		t.Active += s.Active
-		t.ExpiredLeases += s.ExpiredLeases
-		t.Dead += s.Dead
-		t.Overdue += s.Overdue
-		t.OldestPendingAge = max(t.OldestPendingAge, s.OldestPendingAge)
-		t.OldestDueLateness = max(t.OldestDueLateness, s.OldestDueLateness)
-	}
-	for _, st := range per {
-		for _, s := range st {
-			t := byQueue[s.Queue]
-			if t == nil {
-				t = &reconcile.QueueStats{Queue: s.Queue, Postgres: map[delayqtype.State]int64{}}
-				byQueue[s.Queue] = t
-			}
-			add(t, s)
-			add(&all, s)
-		}
-	}
-	out := make([]reconcile.QueueStats, 0, len(byQueue))
-	for _, t := range byQueue {
-		out = append(out, *t)
-	}
-	slices.SortFunc(out, func(a, b reconcile.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
-	return out, all
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayq/delayq/internal/dispatch"
+	"github.com/delayq/delayq/internal/reconcile"
 	"github.com/delayq/delayq/internal/testenv"
 	"github.com/delayq/delayq/internal/validate"
 	"github.com/delayq/delayq/outbox"
@@ -58,7 +59,7 @@ func TestOverviewEscapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, all := totalStats(nil)
+	st, all := reconcile.TotalStats(nil)
 	data := overviewData{Databases: []overviewDB{
 		{Key: `<b id="k">eu1</b>`, Queues: []overviewQueue{{}}},
 		{Key: `"><script>x</script>`, Err: `<i>down</i>`},
